@@ -1,0 +1,19 @@
+// FP64 CPU reference of both ops, forward and backward: the oracle of every test and of
+// `tpf check`. Takes the same parameter structs as the CUDA entry points, with host pointers of
+// any float dtype; computes in double and rounds once into each output's dtype.
+#pragma once
+#include "turbopairformer/attention.h"
+#include "turbopairformer/trimul.h"
+
+namespace tpf::reference {
+
+// Writes out (and out_residual, lse where present). out_residual = round(O - double(out)).
+Status attention_forward(const AttentionForwardParams& p);
+// Recomputes P exactly; Dlt = <dO, out + residual> (compensate) or <dO, out>; when `out` is
+// absent, Dlt uses the exact output. Writes dq, dk, dv and dbias (where present).
+Status attention_backward(const AttentionBackwardParams& p);
+
+Status trimul_forward(const TrimulForwardParams& p);
+Status trimul_backward(const TrimulBackwardParams& p);
+
+}  // namespace tpf::reference

@@ -1,0 +1,58 @@
+// Triangle multiplicative update (DESIGN.md section 2, AlphaFold3 Algorithms 12 and 13).
+//
+//   zn = LayerNorm_in(z)                                   z: [B,N,N,C]
+//   a  = sigmoid(zn Wag^T + bag) * (zn Wap^T + bap) * mask  [B,N,N,Ch]   (b likewise)
+//   x[i,j,c] = sum_k a[i,k,c] b[j,k,c]   (outgoing)   or   sum_k a[k,i,c] b[k,j,c]   (incoming)
+//   out = sigmoid(zn Wg^T + bg) * (LayerNorm_out(x) Wz^T + bz)   [B,N,N,C]
+//
+// Weights follow cuEquivariance: p_in_weight = [Wap; Wbp] (2Ch x C), g_in_weight = [Wag; Wbg],
+// p_out_weight = Wz (C x Ch), g_out_weight = Wg (C x C); biases optional.
+#pragma once
+#include "turbopairformer/status.h"
+#include "turbopairformer/tensor.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace tpf {
+
+enum class TrimulDirection : int { kOutgoing = 0, kIncoming = 1 };
+
+// The learnable tensors. Used both for values and for their gradients.
+struct TrimulWeights {
+  TensorView norm_in_weight, norm_in_bias;    // [C]
+  TensorView p_in_weight;                     // [2Ch, C]
+  TensorView p_in_bias;                       // [2Ch], optional
+  TensorView g_in_weight;                     // [2Ch, C]
+  TensorView g_in_bias;                       // [2Ch], optional
+  TensorView norm_out_weight, norm_out_bias;  // [Ch]
+  TensorView p_out_weight;                    // [C, Ch]
+  TensorView p_out_bias;                      // [C], optional
+  TensorView g_out_weight;                    // [C, C]
+  TensorView g_out_bias;                      // [C], optional
+};
+
+struct TrimulForwardParams {
+  TensorView z;     // [B,N,N,C]
+  TensorView mask;  // [B,N,N] any float dtype or bool, optional
+  TrimulWeights w;
+  TrimulDirection direction = TrimulDirection::kOutgoing;
+  double eps = 1e-5;
+  TensorView out;   // [B,N,N,C] z's dtype, written
+};
+
+struct TrimulBackwardParams {
+  TrimulForwardParams fwd;  // inputs as in the forward (fwd.out is ignored)
+  TensorView dout;          // [B,N,N,C]
+  TensorView dz;            // [B,N,N,C], written
+  TrimulWeights dw;         // each written where the matching weight is present
+};
+
+Status validate_trimul_forward(const TrimulForwardParams& p, bool for_gpu);
+Status validate_trimul_backward(const TrimulBackwardParams& p, bool for_gpu);
+
+// CUDA entry points (kernels land with issue 5; until then they return kUnsupported).
+Status trimul_forward(const TrimulForwardParams& p, cudaStream_t stream);
+Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream);
+
+}  // namespace tpf

@@ -1,0 +1,15 @@
+// The whole public C++ API.
+#pragma once
+#include "turbopairformer/attention.h"
+#include "turbopairformer/reference.h"
+#include "turbopairformer/status.h"
+#include "turbopairformer/tensor.h"
+#include "turbopairformer/trimul.h"
+
+namespace tpf {
+const char* version();
+// Build facts for `tpf info`: compiler, CUDA version, architectures.
+const char* build_info();
+// Number of usable CUDA devices (0 without a driver or GPU; never fails).
+int cuda_device_count();
+}  // namespace tpf

@@ -1,0 +1,203 @@
+// Triangle attention forward: FlashAttention-2 style online softmax in the log2 domain, pair
+// bias added to the scores, key mask, outputs O (activation dtype), its rounding residual R and
+// the natural-log LSE. One block = one (b, s, h) slice x FwdConfig::kBlockQ query rows.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "attention/kernels.h"
+#include "attention/tile_config.h"
+#include "attention/tile_io.cuh"
+
+namespace tpf::attn {
+namespace {
+
+using Cfg = FwdConfig;
+
+template <int D>
+constexpr size_t fwd_smem_bytes() {
+  // sQ [BQ][D] + sK, sV [stages][BK][D] (16-bit) + additive key mask [stages][BK] (fp32)
+  return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
+         Cfg::kStages * Cfg::kBlockK * 4;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a) {
+  constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
+  using Mma = dev::MmaOp<T>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
+  T* sK = sQ + BQ * D;                              // [stages][BK][D]
+  T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
+  float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);  // [stages][BK]
+
+  const int N = a.dims.N;
+  const int s = blockIdx.x, q0 = blockIdx.y * BQ;
+  const int b = blockIdx.z / a.dims.H, h = blockIdx.z % a.dims.H;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+
+  const T* gQ = slice_ptr<T>(a.q, b, s, h);
+  const T* gK = slice_ptr<T>(a.k, b, s, h);
+  const T* gV = slice_ptr<T>(a.v, b, s, h);
+  const int64_t bias_base = b * a.bias.sb + h * a.bias.sh;
+
+  auto load_kv = [&](int tile, int stage) {
+    load_tile_async<D, BK, Cfg::kThreads>(sK + stage * BK * D, gK, a.k.sn, tile * BK, N, tid);
+    load_tile_async<D, BK, Cfg::kThreads>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N, tid);
+    if (tid < BK)
+      sMask[stage * BK + tid] = key_attended(a.mask, b, s, tile * BK + tid, N) ? 0.f : -INFINITY;
+  };
+
+  load_tile_async<D, BQ, Cfg::kThreads>(sQ, gQ, a.q.sn, q0, N, tid);
+  load_kv(0, 0);
+  dev::cp_async_commit();
+
+  // Rows this thread holds in every accumulator: r = 0 -> warp row g, r = 1 -> g + 8.
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float o[DT][4] = {};                              // O accumulator, 16 rows x D per warp
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // running max (log2), partial sum
+  uint32_t qa[KS][4];                               // Q rows of this warp as A fragments
+
+  const int n_tiles = (N + BK - 1) / BK;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int stage = j % Cfg::kStages;
+    if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
+    dev::cp_async_commit();
+    // Bias loads first: their latency hides behind the wait and the S = Q K^T products.
+    float bias[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        bias[nt][e] = load_bias_log2<T>(a.bias, bias_base, row[e / 2],
+                                        j * BK + nt * 8 + 2 * t + (e & 1), N);
+    dev::cp_async_wait<1>();
+    __syncthreads();
+    if (j == 0) {
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+        dev::ldmatrix_x4(qa[ks], tile_at<D>(sQ, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                            ks * 2 + (lane >> 4)));
+    }
+    const T* tK = sK + stage * BK * D;
+    const T* tV = sV + stage * BK * D;
+
+    float sc[NT][4] = {};  // S tile, 16 rows x BK keys per warp
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t kb[4];
+        dev::ldmatrix_x4(kb, tile_at<D>(tK, np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                        ks * 2 + ((lane >> 3) & 1)));
+        Mma::run(sc[2 * np], qa[ks], kb[0], kb[1]);
+        Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
+      }
+
+    // Online softmax over this tile, two rows per thread, reduced across the quad of lanes.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float madd = sMask[stage * BK + nt * 8 + 2 * t + (e & 1)];
+        sc[nt][e] = fmaf(sc[nt][e], a.scale_log2, bias[nt][e]) + madd;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], sc[nt][e]);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      base[r] = m_new == -INFINITY ? 0.f : m_new;  // all keys masked so far: keep p = 0
+      alpha[r] = dev::exp2_approx(m[r] - base[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[nt][e] = dev::exp2_approx(sc[nt][e] - base[e / 2]);
+        l[e / 2] += sc[nt][e];
+      }
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e / 2];
+
+    // O += P V, P straight from registers as the A operand.
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t pa[4];
+      dev::acc_to_a<T>(pa, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        dev::ldmatrix_x4_trans(vb, tile_at<D>(tV, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                              dp * 2 + (lane >> 4)));
+        Mma::run(o[2 * dp], pa, vb[0], vb[1]);
+        Mma::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // the stage just read is the next iteration's load target
+  }
+
+  // Normalise, write O, its residual and the LSE. A row with every key masked has l = 0:
+  // its output is 0 and its LSE +inf, so the backward's P is 0 too.
+  T* gO = slice_ptr_mut<T>(a.out, b, s, h);
+  T* gR = a.res.ptr ? slice_ptr_mut<T>(a.res, b, s, h) : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    if (row[r] >= N) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const float o0 = o[dt][2 * r] * inv, o1 = o[dt][2 * r + 1] * inv;
+      const uint32_t packed = dev::MmaOp<T>::pack(o0, o1);
+      const int64_t off = row[r] * a.out.sn + dt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(gO + off) = packed;
+      if (gR) {
+        const T* rounded = reinterpret_cast<const T*>(&packed);
+        const uint32_t res = dev::MmaOp<T>::pack(o0 - dev::to_float(rounded[0]),
+                                                 o1 - dev::to_float(rounded[1]));
+        *reinterpret_cast<uint32_t*>(gR + row[r] * a.res.sn + dt * 8 + 2 * t) = res;
+      }
+    }
+    if (t == 0) {
+      const int64_t idx = ((static_cast<int64_t>(b) * a.dims.S + s) * a.dims.H + h) * N + row[r];
+      a.lse[idx] = l[r] > 0.f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : INFINITY;
+    }
+  }
+}
+
+template <class T, int D>
+cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = fwd_smem_bytes<D>();
+  auto kernel = forward_kernel<T, D>;
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(a.dims.S, (a.dims.N + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.dims.B * a.dims.H);
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_forward(const FwdArgs& a, bool fp16, int head_dim, cudaStream_t stream) {
+  switch (head_dim) {
+    case 16: return fp16 ? launch<__half, 16>(a, stream) : launch<__nv_bfloat16, 16>(a, stream);
+    case 32: return fp16 ? launch<__half, 32>(a, stream) : launch<__nv_bfloat16, 32>(a, stream);
+    case 64: return fp16 ? launch<__half, 64>(a, stream) : launch<__nv_bfloat16, 64>(a, stream);
+    case 128: return fp16 ? launch<__half, 128>(a, stream) : launch<__nv_bfloat16, 128>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace tpf::attn

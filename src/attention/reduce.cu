@@ -1,0 +1,132 @@
+// The small kernels around the backward: Dlt before it; after it, the fixed-order reductions
+// that turn the fp32 partials into dQ and dbias.
+#include <cuda_runtime.h>
+
+#include "attention/kernels.h"
+#include "attention/tile_config.h"
+#include "attention/tile_io.cuh"
+
+namespace tpf::attn {
+namespace {
+
+// Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, one thread per (b, s, h, n) row.
+template <class T, int D>
+__global__ void delta_kernel(const BwdArgs a) {
+  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows) return;
+  const int n = i % a.dims.N, h = (i / a.dims.N) % a.dims.H;
+  const int s = (i / (static_cast<int64_t>(a.dims.N) * a.dims.H)) % a.dims.S;
+  const int b = i / (static_cast<int64_t>(a.dims.N) * a.dims.H * a.dims.S);
+  const T* o = slice_ptr<T>(a.out, b, s, h) + n * a.out.sn;
+  const T* r = a.res.ptr ? slice_ptr<T>(a.res, b, s, h) + n * a.res.sn : nullptr;
+  const T* d = slice_ptr<T>(a.dout, b, s, h) + n * a.dout.sn;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < D / 8; ++c) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + 8 * c);
+    const uint4 dv = *reinterpret_cast<const uint4*>(d + 8 * c);
+    uint4 rv = make_uint4(0, 0, 0, 0);
+    if (r) rv = *reinterpret_cast<const uint4*>(r + 8 * c);
+    const T* oe = reinterpret_cast<const T*>(&ov);
+    const T* de = reinterpret_cast<const T*>(&dv);
+    const T* re = reinterpret_cast<const T*>(&rv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      acc = fmaf(dev::to_float(de[e]), dev::to_float(oe[e]) + (r ? dev::to_float(re[e]) : 0.f), acc);
+  }
+  a.delta[i] = acc;
+}
+
+// dq = scale * dq_acc, rounded into the activation dtype; 8 elements per thread.
+template <class T, int D>
+__global__ void dq_finalize_kernel(const BwdArgs a) {
+  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * (D / 8)) return;
+  const int64_t row = i / (D / 8);
+  const int c = i % (D / 8);
+  const int n = row % a.dims.N, h = (row / a.dims.N) % a.dims.H;
+  const int s = (row / (static_cast<int64_t>(a.dims.N) * a.dims.H)) % a.dims.S;
+  const int b = row / (static_cast<int64_t>(a.dims.N) * a.dims.H * a.dims.S);
+  const float4* src = reinterpret_cast<const float4*>(a.dq_acc + row * D + 8 * c);
+  const float4 x = src[0], y = src[1];
+  uint4 out;
+  out.x = dev::MmaOp<T>::pack(x.x * a.scale, x.y * a.scale);
+  out.y = dev::MmaOp<T>::pack(x.z * a.scale, x.w * a.scale);
+  out.z = dev::MmaOp<T>::pack(y.x * a.scale, y.y * a.scale);
+  out.w = dev::MmaOp<T>::pack(y.z * a.scale, y.w * a.scale);
+  *reinterpret_cast<uint4*>(slice_ptr_mut<T>(a.dq, b, s, h) + n * a.dq.sn + 8 * c) = out;
+}
+
+// dbias[b,0,h,q,k] = sum over chunks c, in order, of part[c,b,h,k,q]: a 32 x 32 tile per
+// block, transposed through shared memory so both sides are read and written along rows.
+template <class T>
+__global__ void dbias_reduce_kernel(const BwdArgs a) {
+  __shared__ float tile[32][33];
+  const int N = a.dims.N, H = a.dims.H;
+  const int b = blockIdx.z / H, h = blockIdx.z % H;
+  const int q0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+  const int64_t nn = static_cast<int64_t>(N) * N;
+  const int64_t stride_c = static_cast<int64_t>(a.dims.B) * H * nn;
+  const float* part = a.dbias_part + (static_cast<int64_t>(b) * H + h) * nn;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int k = k0 + r, q = q0 + threadIdx.x;
+    float sum = 0.f;
+    if (k < N && q < N)
+      for (int c = 0; c < a.chunks; ++c) sum += part[c * stride_c + static_cast<int64_t>(k) * N + q];
+    tile[r][threadIdx.x] = sum;
+  }
+  __syncthreads();
+  const int64_t base = b * a.dbias.sb + h * a.dbias.sh;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int q = q0 + r, k = k0 + threadIdx.x;
+    if (q >= N || k >= N) continue;
+    const float v = tile[threadIdx.x][r];
+    const int64_t off = base + q * a.dbias.sq + k * a.dbias.sk;
+    if (a.dbias.fp32) static_cast<float*>(a.dbias.ptr)[off] = v;
+    else static_cast<T*>(a.dbias.ptr)[off] = dev::from_float<T>(v);
+  }
+}
+
+template <class T, int D>
+cudaError_t preprocess(const BwdArgs& a, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
+  delta_kernel<T, D><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class T, int D>
+cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
+  const int64_t items = rows * (D / 8);
+  dq_finalize_kernel<T, D><<<static_cast<unsigned>((items + 255) / 256), 256, 0, stream>>>(a);
+  if (a.dbias.ptr) {
+    const dim3 grid((a.dims.N + 31) / 32, (a.dims.N + 31) / 32, a.dims.B * a.dims.H);
+    dbias_reduce_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+#define TPF_DISPATCH(fn)                                                                   \
+  switch (head_dim) {                                                                      \
+    case 16: return fp16 ? fn<__half, 16>(a, stream) : fn<__nv_bfloat16, 16>(a, stream);   \
+    case 32: return fp16 ? fn<__half, 32>(a, stream) : fn<__nv_bfloat16, 32>(a, stream);   \
+    case 64: return fp16 ? fn<__half, 64>(a, stream) : fn<__nv_bfloat16, 64>(a, stream);   \
+    case 128: return fp16 ? fn<__half, 128>(a, stream) : fn<__nv_bfloat16, 128>(a, stream); \
+  }                                                                                        \
+  return cudaErrorInvalidValue;
+
+cudaError_t launch_backward_preprocess(const BwdArgs& a, bool fp16, int head_dim,
+                                       cudaStream_t stream) {
+  TPF_DISPATCH(preprocess)
+}
+
+cudaError_t launch_backward_reduce(const BwdArgs& a, bool fp16, int head_dim,
+                                   cudaStream_t stream) {
+  TPF_DISPATCH(reduce)
+}
+
+}  // namespace tpf::attn

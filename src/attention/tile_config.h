@@ -1,0 +1,40 @@
+// The one place for triangle attention tile sizes. Each number says why it is what it is.
+#pragma once
+
+namespace tpf::attn {
+
+// Forward: one block = 4 warps = one (b, s, h) slice x 64 query rows; each warp owns 16 rows
+// (the M of one m16n8k16 MMA), so P never leaves registers. Key tiles of 64 columns keep the
+// S accumulator at 32 fp32 registers per thread, which leaves room for O at D = 128.
+struct FwdConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockQ = 16 * kWarps;  // 64
+  static constexpr int kBlockK = 64;
+  static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
+};
+
+// Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
+// tiles of 32 rows. A "quad" of 4 warps handles one slice (each warp 16 keys = one MMA M);
+// kSlices quads run side by side on consecutive slices so that one bias tile load serves all
+// of them and their dS tiles are summed in shared memory (fixed order) before the single
+// read-modify-write of the block's private dbias partial: bias reads and dbias traffic shrink
+// by kSlices. kSlices is limited by registers: dK and dV of 16 keys x D stay in registers,
+// which at D = 128 fills a thread's budget with one quad per block; at D <= 32 four quads fit
+// under the 128 registers that 512 threads allow.
+template <int D>
+struct BwdConfig {
+  static constexpr int kBlockK = 64;
+  static constexpr int kBlockQ = 32;  // 2 n-tiles of S^T per 16 rows; keeps S^T and dP^T at 16 regs each
+  static constexpr int kSlices = D <= 32 ? 4 : (D == 64 ? 2 : 1);
+  static constexpr int kWarps = 4 * kSlices;
+  static constexpr int kThreads = 32 * kWarps;
+};
+
+// Blocks the backward aims to launch: 4 waves of 132 SMs bound the tail of the last wave to
+// a quarter. It fixes how slices are cut into chunks (and so the dbias partial count), so it
+// is a constant of the library, not read from the device: results stay bitwise identical on
+// any GPU.
+constexpr int kBwdTargetBlocks = 4 * 132;
+
+}  // namespace tpf::attn

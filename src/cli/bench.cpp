@@ -1,0 +1,168 @@
+// tpf bench: CUDA-event timings of the attention kernels (median of many calls after warm-up),
+// TFLOP/s and the fraction of the exponential-unit floor. Needs a GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cli/cli.h"
+#include "testing/device_buffer.h"
+#include "testing/device_random.h"
+#include "turbopairformer/turbopairformer.h"
+
+namespace tpf::cli {
+namespace {
+
+using harness::cuda_ok;
+using harness::DeviceBuffer;
+
+// H200 ceiling of ex2.approx measured for DESIGN.md: 4.16e12 exponentials per second.
+constexpr double kExpPerSecond = 4.16e12;
+
+struct Result {
+  int N, D, H, S;
+  double fwd_ms, fwdbwd_ms, fwd_tflops, fwdbwd_tflops, fwd_floor_frac, fwdbwd_floor_frac;
+  double workspace_mib, peak_mib;
+};
+
+template <class F>
+double median_ms(F&& fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  cuda_ok(cudaEventCreate(&a), "event");
+  cuda_ok(cudaEventCreate(&b), "event");
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    cuda_ok(cudaEventRecord(a), "record");
+    fn();
+    cuda_ok(cudaEventRecord(b), "record");
+    cuda_ok(cudaEventSynchronize(b), "sync");
+    float ms;
+    cuda_ok(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+Result bench_attention(int N, int D, int H, int S, bool compensate, int iters) {
+  const DType bf = DType::kBF16;
+  const int64_t x = int64_t{S} * H * N * D;
+  DeviceBuffer q(x * 2), k(x * 2), v(x * 2), dout(x * 2), out(x * 2), res(x * 2), dq(x * 2),
+      dk(x * 2), dv(x * 2), bias(int64_t{H} * N * N * 2), dbias(int64_t{H} * N * N * 2),
+      mask(int64_t{S} * N), lse(int64_t{S} * H * N * 4);
+  uint64_t seed = 1;
+  for (auto* b : {&q, &k, &v, &dout, &bias})
+    cuda_ok(harness::fill_normal_device(b->get(), bf, b->bytes() / 2, seed++), "fill");
+  cuda_ok(harness::fill_mask_device(static_cast<uint8_t*>(mask.get()), S * int64_t{N}, 0.8, seed), "fill");
+  auto view = [&](DeviceBuffer& b) { return contiguous_view(b.get(), bf, {1, S, H, N, D}); };
+  AttentionForwardParams f;
+  f.q = view(q);
+  f.k = view(k);
+  f.v = view(v);
+  f.bias = contiguous_view(bias.get(), bf, {1, 1, H, N, N});
+  f.mask = contiguous_view(mask.get(), DType::kBool, {1, S, 1, 1, N});
+  f.out = view(out);
+  f.out_residual = view(res);
+  f.lse = contiguous_view(lse.get(), DType::kFP32, {1, S, H, N});
+  f.compensate = compensate;
+  AttentionBackwardParams b;
+  b.q = f.q;
+  b.k = f.k;
+  b.v = f.v;
+  b.bias = f.bias;
+  b.mask = f.mask;
+  b.out = f.out;
+  b.out_residual = f.out_residual;
+  b.lse = f.lse;
+  b.dout = view(dout);
+  b.dq = view(dq);
+  b.dk = view(dk);
+  b.dv = view(dv);
+  b.dbias = contiguous_view(dbias.get(), bf, {1, 1, H, N, N});
+  b.compensate = compensate;
+  size_t ws_bytes = 0;
+  Status st = attention_backward_workspace_size(b, &ws_bytes);
+  if (!st.ok()) throw std::runtime_error(st.message());
+  DeviceBuffer ws(ws_bytes);
+  auto check = [](const Status& s) {
+    if (!s.ok()) throw std::runtime_error(s.message());
+  };
+  const double fwd = median_ms([&] { check(attention_forward(f, nullptr)); }, 3, iters);
+  const double both = median_ms(
+      [&] {
+        check(attention_forward(f, nullptr));
+        check(attention_backward(b, ws.get(), ws_bytes, nullptr));
+      },
+      3, iters);
+  cuda_ok(cudaDeviceSynchronize(), "sync");
+  const double sc = double(S) * H * N * double(N);
+  const double exp_floor_ms = sc / kExpPerSecond * 1e3;
+  size_t free_b, total_b;
+  cudaMemGetInfo(&free_b, &total_b);
+  Result r{N, D, H, S, fwd, both,
+           4 * sc * D / (fwd * 1e-3) / 1e12, 14 * sc * D / (both * 1e-3) / 1e12,
+           exp_floor_ms / fwd, 2 * exp_floor_ms / both,
+           ws_bytes / 1048576.0, (10.0 * x * 2 + ws_bytes) / 1048576.0};
+  return r;
+}
+
+}  // namespace
+
+int cmd_bench(const Args& args) {
+  if (has_flag(args, "--help")) {
+    std::puts(
+        "usage: tpf bench [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20] [--no-compensate] [--json]\n\n"
+        "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs, 20% of\n"
+        "keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
+        "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
+        "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). Needs a GPU.");
+    return 0;
+  }
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "tpf bench: no CUDA GPU found; benchmarks need an sm_90a GPU (H100/H200). "
+                         "'tpf check' runs without one.\n");
+    return 1;
+  }
+  const auto Ns = int_list(option(args, "--n", "384,640,768"));
+  const auto Ds = int_list(option(args, "--d", "16,32"));
+  const int H = std::stoi(option(args, "--heads", "4"));
+  const int iters = std::stoi(option(args, "--iters", "20"));
+  const bool comp = !has_flag(args, "--no-compensate");
+  std::vector<Result> rs;
+  for (int D : Ds)
+    for (int N : Ns) {
+      rs.push_back(bench_attention(N, D, H, N, comp, iters));
+      if (!has_flag(args, "--json"))
+        std::fprintf(stderr, "  done N=%d D=%d\n", N, D);
+    }
+  if (has_flag(args, "--json")) {
+    std::printf("{\"gpu\": \"%s\", \"op\": \"triangle_attention\", \"B\": 1, \"H\": %d, \"dtype\": \"bf16\", "
+                "\"compensate\": %s, \"iters\": %d, \"results\": [\n",
+                json_escape(gpu_name()).c_str(), H, comp ? "true" : "false", iters);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const auto& r = rs[i];
+      std::printf("  {\"N\": %d, \"S\": %d, \"D\": %d, \"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
+                  "\"fwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f, \"fwd_exp_floor_fraction\": %.3f, "
+                  "\"fwd_bwd_exp_floor_fraction\": %.3f, \"workspace_mib\": %.1f}%s\n",
+                  r.N, r.S, r.D, r.fwd_ms, r.fwdbwd_ms, r.fwd_tflops, r.fwdbwd_tflops,
+                  r.fwd_floor_frac, r.fwdbwd_floor_frac, r.workspace_mib, i + 1 < rs.size() ? "," : "");
+    }
+    std::puts("]}");
+  } else {
+    std::printf("triangle attention on %s, B=1 H=%d S=N bf16, 20%% keys masked, compensate=%s\n",
+                gpu_name().c_str(), H, comp ? "on" : "off");
+    std::printf("%6s %4s %10s %9s %8s %12s %9s %8s %10s\n", "N", "D", "fwd ms", "TFLOP/s",
+                "exp-fl", "fwd+bwd ms", "TFLOP/s", "exp-fl", "ws MiB");
+    for (const auto& r : rs)
+      std::printf("%6d %4d %10.3f %9.1f %8.2f %12.3f %9.1f %8.2f %10.1f\n", r.N, r.D, r.fwd_ms,
+                  r.fwd_tflops, r.fwd_floor_frac, r.fwdbwd_ms, r.fwdbwd_tflops, r.fwdbwd_floor_frac,
+                  r.workspace_mib);
+  }
+  return 0;
+}
+
+}  // namespace tpf::cli

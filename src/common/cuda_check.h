@@ -1,0 +1,40 @@
+// CUDA-side checks of the entry points: device pointers and runtime errors as Status.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "turbopairformer/status.h"
+
+namespace tpf::detail {
+
+inline Status cuda_status(const char* op, cudaError_t e) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status(StatusCode::kCudaError,
+                std::string("tpf.") + op + ": CUDA error: " + cudaGetErrorString(e));
+}
+
+// Every named pointer (nullptr = absent, skipped) must be device-accessible memory.
+inline Status check_device_pointers(const char* op,
+                                    std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  for (const auto& [name, ptr] : ptrs) {
+    if (!ptr) continue;
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status(StatusCode::kCudaError, std::string("tpf.") + op + ": argument '" + name +
+                                                "': cannot query the pointer (" +
+                                                cudaGetErrorString(e) + "); is a GPU present?");
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+      return Status(StatusCode::kInvalidArgument,
+                    std::string("tpf.") + op + ": argument '" + name +
+                        "': expected device memory, got a host pointer");
+  }
+  return Status::Ok();
+}
+
+}  // namespace tpf::detail

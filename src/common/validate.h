@@ -1,0 +1,43 @@
+// Argument checks shared by every entry point. Each returns a Status whose message names the
+// operation and the argument, says what was expected and what was given.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "turbopairformer/status.h"
+#include "turbopairformer/tensor.h"
+
+namespace tpf::detail {
+
+// A dimension expectation: the name printed in messages and the required size (-1 = any).
+struct Dim {
+  const char* name;
+  int64_t size;
+};
+
+struct Checker {
+  const char* op;  // e.g. "attention_forward"
+
+  Status fail(const std::string& arg, const std::string& what) const;
+
+  // Presence, rank, sizes, non-negative strides, no int64 overflow of the largest offset.
+  Status shape(const char* arg, const TensorView& t, std::initializer_list<Dim> dims) const;
+  // Dtype is one of `allowed`.
+  Status dtype(const char* arg, const TensorView& t, std::initializer_list<DType> allowed) const;
+  Status present(const char* arg, const TensorView& t) const;
+  // Last dimension's stride is 1.
+  Status unit_last_stride(const char* arg, const TensorView& t) const;
+  // Pointer aligned to `bytes` and every stride but the last a multiple of bytes/element size.
+  Status aligned(const char* arg, const TensorView& t, int bytes) const;
+  // An output: no two elements may share memory (no zero strides on dimensions > 1).
+  Status writable(const char* arg, const TensorView& t) const;
+  // Row-major contiguous.
+  Status contiguous(const char* arg, const TensorView& t) const;
+};
+
+std::string shape_string(const TensorView& t);
+std::string dims_string(std::initializer_list<Dim> dims);
+bool is_float_dtype(DType d);
+
+}  // namespace tpf::detail

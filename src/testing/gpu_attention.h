@@ -1,0 +1,33 @@
+// Runs an AttnProblem on the GPU: copies each host tensor's storage to the device as is (so
+// strides and padding are kept), poisons the outputs with NaN bytes, runs the kernels and
+// copies the results back into the problem's host tensors.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "testing/attention_problem.h"
+
+namespace tpf::harness {
+
+struct GpuRunOptions {
+  bool backward = true;
+  bool compensate = true;
+  int repeats = 1;  // backward calls; results of all calls must be bitwise identical
+};
+
+struct GpuRunResult {
+  Status status;
+  bool deterministic = true;  // every repeat gave the same bytes of dq, dk, dv, dbias
+};
+
+GpuRunResult run_attention_gpu(test::AttnProblem& p, const GpuRunOptions& opt);
+
+// Relative RMSE of each output against an FP64 reference problem, and the bf16 floor of each.
+struct AttnErrors {
+  std::vector<std::string> names;  // out, dq, dk, dv, dbias
+  std::vector<double> error, floor;
+};
+AttnErrors attention_errors(const test::AttnProblem& got, const test::AttnProblem& ref,
+                            bool backward);
+
+}  // namespace tpf::harness

@@ -1,0 +1,13 @@
+// Accuracy bounds of the CUDA kernels, as multiples of the floor: the relative RMSE of the
+// exact answer rounded once to the activation dtype (~1.66e-3 for bf16). Shared by the GPU
+// tests and `tpf check`.
+#pragma once
+
+namespace tpf::harness {
+
+// The output is one rounding of an fp32 accumulation.
+constexpr double kOutFloorFactor = 1.6;
+// Gradients also carry the 16-bit P and dS operands of the tensor-core products.
+constexpr double kGradFloorFactor = 3.0;
+
+}  // namespace tpf::harness

@@ -1,0 +1,113 @@
+// Triangle attention CUDA kernels against the FP64 reference. Each test skips itself, with the
+// reason, on a machine without a GPU.
+#include <gtest/gtest.h>
+
+#include "testing/gpu_attention.h"
+#include "testing/tolerances.h"
+
+namespace tpf::test {
+namespace {
+
+enum class MaskMode { kNone, kRandom, kFullyMaskedSlice };
+enum class Layout { kContiguous, kOpenFold3Strided };
+
+struct GpuCase {
+  int64_t S, N, D;
+  DType act, bias;
+  MaskMode mask;
+  Layout layout;
+  bool compensate = true;
+  int repeats = 1;
+};
+
+std::string case_name(const GpuCase& c) {
+  std::string n = "S" + std::to_string(c.S) + "_N" + std::to_string(c.N) + "_D" + std::to_string(c.D);
+  n += c.act == DType::kFP16 ? "_fp16" : "_bf16";
+  n += c.bias == DType::kFP32 ? "_biasfp32" : "_bias16";
+  n += c.mask == MaskMode::kNone ? "_nomask" : c.mask == MaskMode::kRandom ? "_mask" : "_rowsmasked";
+  n += c.layout == Layout::kContiguous ? "_contig" : "_strided";
+  if (!c.compensate) n += "_nocomp";
+  return n;
+}
+
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << case_name(c); }
+
+class GpuAttention : public ::testing::TestWithParam<GpuCase> {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (GPU tests need an sm_90a device)";
+  }
+};
+
+constexpr double kOutFactor = harness::kOutFloorFactor, kGradFactor = harness::kGradFloorFactor;
+
+TEST_P(GpuAttention, MatchesFp64Reference) {
+  const GpuCase& c = GetParam();
+  const uint64_t seed = std::hash<std::string>{}(case_name(c)) ^ 0x9e3779b97f4a7c15ull;
+  auto p = AttnProblem::random({1, c.S, 2, c.N, c.D}, seed, c.act, c.bias, 0.8,
+                               c.layout == Layout::kContiguous ? std::vector<int>{}
+                                                               : std::vector<int>{0, 1, 3, 2, 4},
+                               c.layout == Layout::kContiguous ? 0 : 8);
+  p.has_mask = c.mask != MaskMode::kNone;
+  if (c.mask == MaskMode::kFullyMaskedSlice) {
+    auto m = p.mask.values();
+    for (int64_t n = 0; n < c.N; ++n) m[n] = 0.0;  // every key of slice 0 masked
+    p.mask.set_values(m);
+  }
+  auto ref = p.to_fp64();
+  ASSERT_TRUE(reference::attention_forward(ref.fwd()).ok());
+  auto rb = ref.bwd();
+  rb.dbias = ref.dbias.view;
+  ASSERT_TRUE(reference::attention_backward(rb).ok());
+
+  harness::GpuRunOptions opt;
+  opt.compensate = c.compensate;
+  opt.repeats = c.repeats;
+  const auto run = harness::run_attention_gpu(p, opt);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  EXPECT_TRUE(run.deterministic) << "gradients differ between repeated calls";
+  const auto err = harness::attention_errors(p, ref, true);
+  for (size_t i = 0; i < err.names.size(); ++i) {
+    const double factor = i == 0 ? kOutFactor : kGradFactor;
+    if (err.floor[i] == 0.0) {  // an exactly zero answer (e.g. dq at N = 1) must be exact
+      EXPECT_LT(err.error[i], 1e-6) << err.names[i];
+    } else {
+      EXPECT_LE(err.error[i], factor * err.floor[i])
+          << err.names[i] << ": rel RMSE " << err.error[i] << " floor " << err.floor[i];
+    }
+  }
+  if (c.mask == MaskMode::kFullyMaskedSlice) {
+    const auto o = p.out.values(), dq = p.dq.values();
+    for (int64_t i = 0; i < 2 * c.N * c.D; ++i) {  // slice 0: H * N * D elements
+      ASSERT_EQ(o[i], 0.0);
+      ASSERT_EQ(dq[i], 0.0);
+    }
+  }
+}
+
+std::vector<GpuCase> cases() {
+  std::vector<GpuCase> v;
+  const int64_t Ns[] = {1, 7, 64, 100, 129, 333, 384};
+  const int64_t Ds[] = {16, 32, 64, 128};
+  int i = 0;
+  for (int64_t N : Ns)
+    for (int64_t D : Ds) {
+      GpuCase c{3, N, D, DType::kBF16, i % 2 ? DType::kFP32 : DType::kBF16,
+                static_cast<MaskMode>(i % 3), static_cast<Layout>((i / 2) % 2)};
+      if (N >= 333) c.S = 2;  // keeps the FP64 reference quick
+      v.push_back(c);
+      ++i;
+    }
+  v.push_back({13, 40, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 5});  // S != N, 5 calls
+  v.push_back({5, 77, 16, DType::kBF16, DType::kFP32, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 5});
+  v.push_back({4, 96, 32, DType::kFP16, DType::kFP16, MaskMode::kRandom, Layout::kContiguous});
+  v.push_back({4, 96, 64, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kOpenFold3Strided});
+  v.push_back({3, 130, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, false});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, GpuAttention, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& i) { return case_name(i.param); });
+
+}  // namespace
+}  // namespace tpf::test
