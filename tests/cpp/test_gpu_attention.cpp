@@ -69,8 +69,10 @@ TEST_P(GpuAttention, MatchesFp64Reference) {
   const auto err = harness::attention_errors(p, ref, true);
   for (size_t i = 0; i < err.names.size(); ++i) {
     const double factor = i == 0 ? kOutFactor : kGradFactor;
-    if (err.floor[i] == 0.0) {  // an exactly zero answer (e.g. dq at N = 1) must be exact
-      EXPECT_LT(err.error[i], 1e-6) << err.names[i];
+    if (err.floor[i] == 0.0) {
+      // An exactly zero answer (dq, dk, dbias at N = 1: dP - Dlt = 0) comes out as the fp32
+      // rounding of dP - Dlt, O(1e-6) absolute for unit-normal inputs.
+      EXPECT_LT(err.error[i], 1e-4) << err.names[i];
     } else {
       EXPECT_LE(err.error[i], factor * err.floor[i])
           << err.names[i] << ": rel RMSE " << err.error[i] << " floor " << err.floor[i];

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The main job: build, then check accuracy and determinism against the FP64 reference, and
+# time the kernels where a GPU is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+build/tpf info
+build/tpf check
+if build/tpf info | grep -q '^GPU 0'; then
+  build/tpf bench
+else
+  echo "no CUDA GPU: skipping 'tpf bench'"
+fi
