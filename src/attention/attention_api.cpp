@@ -31,6 +31,9 @@ attn::BiasRef bias_ref(const TensorView& t) {
     r.sq = t.stride[3];
     r.sk = t.stride[4];
     r.fp32 = t.dtype == DType::kFP32;
+    const int64_t elems16 = 16 / dtype_size(t.dtype);
+    r.vec16 = r.sk == 1 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && r.sq % elems16 == 0 &&
+              r.sh % elems16 == 0 && r.sb % elems16 == 0;
   }
   return r;
 }
@@ -57,10 +60,9 @@ double scale_of(const std::optional<double>& scale, int64_t D) {
 
 // Launch-grid limits of the CUDA kernels (grid.z = B*H, int32 indices of B, S, H, N).
 Status check_grid(const char* op, const TensorView& q) {
-  if (q.shape[0] * q.shape[2] > 65535 || q.shape[1] > (int64_t{1} << 31) - 1 ||
-      q.shape[3] > (int64_t{1} << 30))
+  if (q.shape[0] * q.shape[2] > 65535 || q.shape[1] > 65535 || q.shape[3] > (int64_t{1} << 30))
     return Status(StatusCode::kUnsupported,
-                  std::string("tpf.") + op + ": argument 'q': B*H must be <= 65535, S < 2^31 and "
+                  std::string("tpf.") + op + ": argument 'q': B*H and S must be <= 65535 and "
                                              "N <= 2^30 for the CUDA kernels");
   return Status::Ok();
 }
@@ -82,7 +84,8 @@ BwdWorkspace workspace_layout(const AttentionBackwardParams& p, const attn::BwdP
   w.turn = align_up(w.delta + sizeof(float) * B * S * H * N);
   w.dbias_part = align_up(w.turn + sizeof(int) * B * H * plan.slice_groups * plan.query_tiles);
   w.total = w.dbias_part;
-  if (p.dbias.present()) w.total = align_up(w.total + sizeof(float) * plan.chunks * B * H * N * N);
+  if (p.dbias.present())
+    w.total = align_up(w.total + sizeof(float) * plan.chunks * B * H * plan.part_rows * plan.part_cols);
   return w;
 }
 
@@ -166,6 +169,8 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
   a.dbias_part = p.dbias.present() ? reinterpret_cast<float*>(ws + w.dbias_part) : nullptr;
   a.chunks = plan.chunks;
   a.groups_per_chunk = plan.groups_per_chunk;
+  a.part_rows = plan.part_rows;
+  a.part_cols = plan.part_cols;
   TPF_RETURN_IF_ERROR(detail::cuda_status(
       "attention_backward", cudaMemsetAsync(a.dq_turn, 0, w.dbias_part - w.turn, stream)));
   return detail::cuda_status("attention_backward",

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
 #include "attention/tile_io.cuh"
@@ -22,35 +23,40 @@ namespace tpf::attn {
 namespace {
 
 // Shared memory of one block, in elements; the regions follow one another in this order.
-template <int D>
+template <class BiasT, int D>
 struct BwdSmem {
   using Cfg = BwdConfig<D>;
   static constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
-  static constexpr int kBiasStride = BQ + 8;   // fp32 [BK][BQ] rows padded: float2 reads of 8
+  static constexpr int kFStride = BQ + 8;      // fp32 [BK][BQ] rows padded: float2 writes of 8
                                                // rows x 4 lanes hit distinct banks per half-warp
-  static constexpr int kK = G * BK * D;        // sK   [G][BK][D]        16-bit, swizzled
-  static constexpr int kV = G * BK * D;        // sV   [G][BK][D]
-  static constexpr int kQ = 2 * G * BQ * D;    // sQ   [2][G][BQ][D]     double-buffered
-  static constexpr int kDO = 2 * G * BQ * D;   // sdO  [2][G][BQ][D]
-  static constexpr int kDS = G * BK * BQ;      // sdS  [G][BK][BQ]       dS^T in 16-bit, swizzled
+  // 16-bit regions
+  static constexpr int kK = G * BK * D;        // sK    [G][BK][D]       swizzled
+  static constexpr int kV = G * BK * D;        // sV    [G][BK][D]
+  static constexpr int kQ = 2 * G * BQ * D;    // sQ    [2][G][BQ][D]    double-buffered
+  static constexpr int kDO = 2 * G * BQ * D;   // sdO   [2][G][BQ][D]
+  static constexpr int kDS = G * BK * BQ;      // sdS   [G][BK][BQ]      dS^T, swizzled
   static constexpr int k16 = kK + kV + kQ + kDO + kDS;
-  static constexpr int kLse = 2 * G * BQ;      // sLse [2][G][BQ]        fp32, log2 domain
-  static constexpr int kDlt = 2 * G * BQ;      // sDlt [2][G][BQ]
-  static constexpr int kBias = BK * kBiasStride;      // sBias [BK][BQ+8]  bias^T * log2(e)
-  static constexpr int kDSf = G * BK * kBiasStride;   // sdSf  [G][BK][BQ+8] dS^T in fp32
-  static constexpr size_t bytes() {
-    return size_t(k16) * 2 + size_t(kLse + kDlt + kBias + kDSf) * 4;
-  }
+  // fp32 regions
+  static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       log2 domain
+  static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
+  static constexpr int kOld = 2 * BK * BQ;     // sOld  [2][BK][BQ]      dbias partial so far
+  static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T in fp32
+  static constexpr int kDq = G * BQ * D;       // sDq   [G][BQ][D]       this key tile's dQ part
+  static constexpr int kDqOld = G * BQ * D;    // sDqOld [G][BQ][D]      dQ of earlier key tiles
+  static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq + kDqOld;
+  // bias tiles [2] (bias dtype, BiasTile layout)
+  static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
+  static constexpr size_t bytes() { return size_t(k16) * 2 + size_t(k32) * 4 + 2 * kBiasBytes; }
 };
 
-template <class T, int D>
+template <class T, class BiasT, int D>
 __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(const BwdArgs a) {
   using Cfg = BwdConfig<D>;
-  using L = BwdSmem<D>;
+  using L = BwdSmem<BiasT, D>;
   using Mma = dev::MmaOp<T>;
-  constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
-  constexpr int QT = BQ / 8, DT = D / 8, KS = D / 16, BS = L::kBiasStride;
-  constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (>= 1 for D>=32)
+  constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ, NT = Cfg::kThreads;
+  constexpr int QT = BQ / 8, DT = D / 8, KS = D / 16, FS = L::kFStride;
+  constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (0 at D=16)
   constexpr int kDqUnitsPerWarp = kDqUnits > 0 ? kDqUnits : 1;
 
   extern __shared__ __align__(128) uint8_t smem[];
@@ -61,8 +67,11 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
   T* sdS = sdO + L::kDO;
   float* sLse = reinterpret_cast<float*>(sdS + L::kDS);
   float* sDlt = sLse + L::kLse;
-  float* sBias = sDlt + L::kDlt;
-  float* sdSf = sBias + L::kBias;
+  float* sOld = sDlt + L::kDlt;
+  float* sdSf = sOld + L::kOld;
+  float* sDq = sdSf + L::kDSf;
+  float* sDqOld = sDq + L::kDq;
+  uint8_t* sBias = reinterpret_cast<uint8_t*>(sDqOld + L::kDqOld);
 
   const int N = a.dims.N, S = a.dims.S, H = a.dims.H;
   const int kb = blockIdx.x, chunk = blockIdx.y;
@@ -74,43 +83,87 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
   const int sg_begin = chunk * a.groups_per_chunk;
   const int sg_end = min(n_sg, sg_begin + a.groups_per_chunk);
   const int64_t bias_base = b * a.bias.sb + h * a.bias.sh;
-  float* dbias_part =
-      a.dbias_part ? a.dbias_part + ((static_cast<int64_t>(chunk) * a.dims.B + b) * H + h) *
-                                        static_cast<int64_t>(N) * N
-                   : nullptr;
+  // This block's dbias partial: rows = its BK keys, all Nq (padded) query columns.
+  float* part = a.dbias_part
+                    ? a.dbias_part + ((static_cast<int64_t>(chunk) * a.dims.B + b) * H + h) *
+                                         static_cast<int64_t>(a.part_rows) * a.part_cols +
+                          static_cast<int64_t>(k0) * a.part_cols
+                    : nullptr;
   // This warp's 16 keys: thread rows krow[0] = g, krow[1] = g + 8 of the warp's block.
   const int krow[2] = {wq * 16 + g, wq * 16 + g + 8};
 
   T* qK = sK + quad * BK * D;  // this quad's slice tiles
   T* qV = sV + quad * BK * D;
   T* qdS = sdS + quad * BK * BQ;
-  float* qdSf = sdSf + quad * BK * BS;
+  float* qdSf = sdSf + quad * BK * FS;
+
+  // dQ row `q` of slice group member `m` in the fp32 accumulator (nullptr if out of range).
+  auto dq_row = [&](int sg, int m, int q) -> float* {
+    const int s = sg * G + m;
+    if (s >= S || q >= N) return nullptr;
+    return a.dq_acc + (((static_cast<int64_t>(b) * S + s) * H + h) * N + q) * D;
+  };
+  // The pending step's dQ (sDq) and the sum of the earlier key tiles (sDqOld, kb > 0) map
+  // element i to thread i % NT in both functions below: each thread reads back only what its own
+  // cp.async fetched, so waiting for its own copies is enough, with no barrier.
+  auto fetch_dq_old = [&](int sg, int qi) {
+    for (int i = tid; i < G * BQ * D / 4; i += NT) {
+      const int m = i / (BQ * D / 4), q = (i / (D / 4)) % BQ, c = i % (D / 4);
+      const float* row = dq_row(sg, m, qi * BQ + q);
+      if (row) dev::cp_async_16(sDqOld + (m * BQ + q) * D + 4 * c, row + 4 * c, true);
+    }
+  };
+  auto finish_dq = [&](int sg, int qi) {
+    for (int i = tid; i < G * BQ * D / 4; i += NT) {
+      const int m = i / (BQ * D / 4), q = (i / (D / 4)) % BQ, c = i % (D / 4);
+      float* row = dq_row(sg, m, qi * BQ + q);
+      if (!row) continue;
+      float4 v = reinterpret_cast<const float4*>(sDq + (m * BQ + q) * D)[c];
+      if (kb > 0) {
+        const float4 o = reinterpret_cast<const float4*>(sDqOld + (m * BQ + q) * D)[c];
+        v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);  // earlier tiles first
+      }
+      reinterpret_cast<float4*>(row)[c] = v;
+    }
+    __threadfence();
+  };
+  auto turn_of = [&](int sg, int qi) {
+    return a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
+  };
 
   for (int sg = sg_begin; sg < sg_end; ++sg) {
     const int s = sg * G + quad;
     const bool active = s < S;
     const int s_ld = active ? s : 0;  // inactive quads read slice 0 but keep zero rows
     const int rows = active ? N : 0;
+    const bool first_group = sg == sg_begin;  // dbias partial not yet written in this chunk
     const T* gQ = slice_ptr<T>(a.q, b, s_ld, h);
     const T* gdO = slice_ptr<T>(a.dout, b, s_ld, h);
     const int64_t row_base = ((static_cast<int64_t>(b) * S + s_ld) * H + h) * N;  // [B,S,H,N]
 
-    // Load query tile `qi` of this quad's slice (Q, dO, LSE, Dlt) into stage `st`.
-    auto load_q = [&](int qi, int st) {
-      load_tile_async<D, BQ, 128>(sQ + (st * G + quad) * BQ * D, gQ, a.q.sn, qi * BQ, rows, qtid);
-      load_tile_async<D, BQ, 128>(sdO + (st * G + quad) * BQ * D, gdO, a.dout.sn, qi * BQ, rows,
-                                  qtid);
+    // Everything step `qi` reads, into stage `st`: Q, dO, LSE, Dlt of each quad's slice, the
+    // bias tile, and the dbias partial so far.
+    auto load_step = [&](int qi, int st) {
+      const int q0 = qi * BQ;
+      load_tile_async<D, BQ, 128>(sQ + (st * G + quad) * BQ * D, gQ, a.q.sn, q0, rows, qtid);
+      load_tile_async<D, BQ, 128>(sdO + (st * G + quad) * BQ * D, gdO, a.dout.sn, q0, rows, qtid);
       if (qtid < BQ) {
-        const int q = qi * BQ + qtid;
+        const int q = q0 + qtid;
         const bool ok = q < rows;
         sLse[(st * G + quad) * BQ + qtid] = ok ? a.lse[row_base + q] * 1.4426950408889634f : INFINITY;
         sDlt[(st * G + quad) * BQ + qtid] = ok ? a.delta[row_base + q] : 0.f;
       }
+      load_bias_tile<BiasT, BQ, BK, NT>(sBias + st * L::kBiasBytes, a.bias, bias_base, q0, k0, N, tid);
+      if (part && !first_group)
+        for (int i = tid; i < BK * BQ / 4; i += NT) {
+          const int k = i / (BQ / 4), c = i % (BQ / 4);
+          dev::cp_async_16(sOld + st * BK * BQ + k * BQ + 4 * c, part + static_cast<int64_t>(k) * a.part_cols + q0 + 4 * c, true);
+        }
     };
 
     load_tile_async<D, BK, 128>(qK, slice_ptr<T>(a.k, b, s_ld, h), a.k.sn, k0, rows, qtid);
     load_tile_async<D, BK, 128>(qV, slice_ptr<T>(a.v, b, s_ld, h), a.v.sn, k0, rows, qtid);
-    load_q(0, 0);
+    load_step(0, 0);
     dev::cp_async_commit();
     bool attend[2];
 #pragma unroll
@@ -118,21 +171,22 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
 
     float dk[DT][4] = {}, dv[DT][4] = {};  // 16 keys x D per warp, this quad's slice
 
+    // Per step two cp.async groups are committed (possibly empty): the pending step's earlier
+    // dQ sum, then the next step's tiles.
     for (int qi = 0; qi < nq; ++qi) {
       const int st = qi & 1, q0 = qi * BQ;
-      if (qi + 1 < nq) load_q(qi + 1, st ^ 1);
+      if (qi > 0 && kb > 0) fetch_dq_old(sg, qi - 1);  // its turn was taken before barrier (C)
       dev::cp_async_commit();
-      for (int i = tid; i < BK * BQ; i += Cfg::kThreads) {  // bias^T tile, shared by all quads
-        const int k = i % BK, q = i / BK;
-        sBias[k * BS + q] = load_bias_log2<T>(a.bias, bias_base, q0 + q, k0 + k, N);
-      }
-      dev::cp_async_wait<1>();
-      __syncthreads();
+      if (qi + 1 < nq) load_step(qi + 1, st ^ 1);
+      dev::cp_async_commit();
+      dev::cp_async_wait<2>();
+      __syncthreads();  // (A) this step's tiles have landed
 
       const T* tQ = sQ + (st * G + quad) * BQ * D;
       const T* tdO = sdO + (st * G + quad) * BQ * D;
       const float* tLse = sLse + (st * G + quad) * BQ;
       const float* tDlt = sDlt + (st * G + quad) * BQ;
+      const uint8_t* tBias = sBias + st * L::kBiasBytes;
 
       // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp.
       float sT[QT][4] = {}, dpT[QT][4] = {};
@@ -162,13 +216,14 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, q = nt * 8 + 2 * t + (e & 1);
-          const float x = fmaf(sT[nt][e], a.scale_log2, sBias[krow[r] * BS + q]) - tLse[q];
+          const float bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
+          const float x = fmaf(sT[nt][e], a.scale_log2, bias) - tLse[q];
           const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
           sT[nt][e] = p;
           dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
         }
 
-      // dV += P^T dO and dK += dS^T Q (the 16-bit P^T, dS^T as A operands, straight from registers).
+      // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
         uint32_t pa[4], sa[4];
@@ -194,82 +249,69 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
         for (int r = 0; r < 2; ++r) {
           const float d0 = dpT[nt][2 * r], d1 = dpT[nt][2 * r + 1];
           *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) = Mma::pack(d0, d1);
-          *reinterpret_cast<float2*>(qdSf + krow[r] * BS + nt * 8 + 2 * t) = make_float2(d0, d1);
+          *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) = make_float2(d0, d1);
         }
-      __syncthreads();
+      // The previous step's dQ: its earlier sum has been fetching during the math above.
+      if (qi > 0) {
+        dev::cp_async_wait<1>();
+        finish_dq(sg, qi - 1);
+      }
+      __syncthreads();  // (B) dS tiles complete; the previous step's dQ stored
+      if (qi > 0 && tid == 0 && kb + 1 < static_cast<int>(gridDim.x)) dev::st_release_gpu(turn_of(sg, qi - 1), kb + 1);
 
-      // dQ contribution of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp.
-      float dq[kDqUnitsPerWarp][2][4] = {};
+      // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq.
       const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
-#pragma unroll
-      for (int u = 0; u < kDqUnitsPerWarp; ++u) {
-        const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);
-        if (!dq_warp) break;
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          uint32_t sa[4], kb4[4];
-          dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                 qg * 2 + ((lane >> 3) & 1)));
-          dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                 dg * 2 + (lane >> 4)));
-          Mma::run(dq[u][0], sa, kb4[0], kb4[1]);
-          Mma::run(dq[u][1], sa, kb4[2], kb4[3]);
-        }
-      }
-
-      // Bias gradient: sum the quads' dS tiles in quad order, add to this block's partial.
-      if (dbias_part) {
-        const bool first = sg == sg_begin;
-        for (int i = tid; i < BK * BQ; i += Cfg::kThreads) {
-          const int k = i / BQ, q = i % BQ;
-          float sum = 0.f;
-#pragma unroll
-          for (int quad_i = 0; quad_i < G; ++quad_i) sum += sdSf[quad_i * BK * BS + k * BS + q];
-          if (k0 + k < N && q0 + q < N) {
-            float* p = dbias_part + static_cast<int64_t>(k0 + k) * N + q0 + q;
-            *p = first ? sum : *p + sum;
-          }
-        }
-      }
-
-      // dQ: wait for the previous key tile's turn, add, hand the turn on.
-      int* turn = a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
-      if (kb > 0) {
-        if (tid == 0)
-          while (dev::ld_acquire_gpu(turn) != kb) {
-          }
-        __syncthreads();
-      }
-      if (active && dq_warp) {
-        float* acc = a.dq_acc + row_base * D;
+      if (dq_warp) {
 #pragma unroll
         for (int u = 0; u < kDqUnitsPerWarp; ++u) {
           const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);
+          float dq[2][4] = {};
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int q = q0 + qg * 16 + g + 8 * r;
-            if (q >= N) continue;
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-              float2* p = reinterpret_cast<float2*>(acc + static_cast<int64_t>(q) * D + dg * 16 +
-                                                    n * 8 + 2 * t);
-              float2 v = make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
-              if (kb > 0) {
-                const float2 old = *p;
-                v.x += old.x;
-                v.y += old.y;
-              }
-              *p = v;
-            }
+          for (int kk = 0; kk < BK / 16; ++kk) {
+            uint32_t sa[4], kb4[4];
+            dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                   qg * 2 + ((lane >> 3) & 1)));
+            dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                   dg * 2 + (lane >> 4)));
+            Mma::run(dq[0], sa, kb4[0], kb4[1]);
+            Mma::run(dq[1], sa, kb4[2], kb4[3]);
           }
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              *reinterpret_cast<float2*>(sDq + (quad * BQ + qg * 16 + g + 8 * r) * D + dg * 16 +
+                                         n * 8 + 2 * t) = make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
         }
       }
-      __threadfence();
-      __syncthreads();  // also ends every read of this step's shared tiles
-      if (tid == 0) dev::st_release_gpu(turn, kb + 1);
+
+      // Bias gradient: the quads' dS tiles summed in quad order, added to the partial so far.
+      if (part) {
+        const float* old = sOld + st * BK * BQ;
+        for (int i = tid; i < BK * BQ; i += NT) {
+          const int k = i / BQ, q = i % BQ;
+          float sum = first_group ? 0.f : old[i];
+#pragma unroll
+          for (int m = 0; m < G; ++m) sum += sdSf[m * BK * FS + k * FS + q];
+          part[static_cast<int64_t>(k) * a.part_cols + q0 + q] = sum;
+        }
+      }
+
+      // Wait for this step's dQ turn: the key tiles before this one have stored theirs.
+      if (kb > 0 && tid == 0) {
+        const int* turn = turn_of(sg, qi);
+        while (dev::ld_acquire_gpu(turn) != kb) __nanosleep(64);
+      }
+      __syncthreads();  // (C) turn taken; sDq written; this step's shared tiles are free
     }
 
-    // dK = scale * dS^T Q and dV, complete for this slice: store.
+    // The last step's dQ, then dK = scale * dS^T Q and dV, complete for this slice.
+    if (kb > 0) fetch_dq_old(sg, nq - 1);
+    dev::cp_async_commit();
+    dev::cp_async_wait<0>();
+    finish_dq(sg, nq - 1);
+    __syncthreads();
+    if (tid == 0 && kb + 1 < static_cast<int>(gridDim.x)) dev::st_release_gpu(turn_of(sg, nq - 1), kb + 1);
     if (active) {
       T* gdK = slice_ptr_mut<T>(a.dk, b, s, h);
       T* gdV = slice_ptr_mut<T>(a.dv, b, s, h);
@@ -287,21 +329,22 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
         }
       }
     }
-    __syncthreads();  // the next slice group reloads sK, sV
   }
 }
 
-template <class T, int D>
-cudaError_t launch_main(const BwdArgs& a, const BwdPlan& plan, cudaStream_t stream) {
-  const size_t smem = BwdSmem<D>::bytes();
-  auto kernel = backward_kernel<T, D>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  const dim3 grid(plan.key_tiles, plan.chunks, a.dims.B * a.dims.H);
-  kernel<<<grid, BwdConfig<D>::kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
-}
+template <class T, class BiasT, int D>
+struct LaunchBackward {
+  static cudaError_t run(const BwdArgs& a, const BwdPlan& plan, cudaStream_t stream) {
+    const size_t smem = BwdSmem<BiasT, D>::bytes();
+    auto kernel = backward_kernel<T, BiasT, D>;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    const dim3 grid(plan.key_tiles, plan.chunks, a.dims.B * a.dims.H);
+    kernel<<<grid, BwdConfig<D>::kThreads, smem, stream>>>(a);
+    return cudaGetLastError();
+  }
+};
 
 template <int D>
 BwdPlan plan_for(const Dims& d) {
@@ -316,6 +359,8 @@ BwdPlan plan_for(const Dims& d) {
                           p.slice_groups));
   p.groups_per_chunk = (p.slice_groups + chunks - 1) / chunks;
   p.chunks = (p.slice_groups + p.groups_per_chunk - 1) / p.groups_per_chunk;
+  p.part_rows = p.key_tiles * Cfg::kBlockK;
+  p.part_cols = p.query_tiles * Cfg::kBlockQ;
   return p;
 }
 
@@ -339,13 +384,7 @@ cudaError_t launch_backward(const BwdArgs& a, bool fp16, int head_dim, cudaStrea
   const BwdPlan plan = plan_backward(a.dims, head_dim);
   cudaError_t e = launch_backward_preprocess(a, fp16, head_dim, stream);
   if (e != cudaSuccess) return e;
-  switch (head_dim) {
-    case 16: e = fp16 ? launch_main<__half, 16>(a, plan, stream) : launch_main<__nv_bfloat16, 16>(a, plan, stream); break;
-    case 32: e = fp16 ? launch_main<__half, 32>(a, plan, stream) : launch_main<__nv_bfloat16, 32>(a, plan, stream); break;
-    case 64: e = fp16 ? launch_main<__half, 64>(a, plan, stream) : launch_main<__nv_bfloat16, 64>(a, plan, stream); break;
-    case 128: e = fp16 ? launch_main<__half, 128>(a, plan, stream) : launch_main<__nv_bfloat16, 128>(a, plan, stream); break;
-    default: return cudaErrorInvalidValue;
-  }
+  e = dispatch<LaunchBackward>(fp16, a.bias.fp32, head_dim, a, plan, stream);
   if (e != cudaSuccess) return e;
   return launch_backward_reduce(a, fp16, head_dim, stream);
 }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
 #include "attention/tile_io.cuh"
@@ -14,14 +15,18 @@ namespace {
 
 using Cfg = FwdConfig;
 
-template <int D>
+template <class BiasT>
+using FwdBias = BiasTile<BiasT, Cfg::kBlockQ, Cfg::kBlockK>;
+
+template <class BiasT, int D>
 constexpr size_t fwd_smem_bytes() {
   // sQ [BQ][D] + sK, sV [stages][BK][D] (16-bit) + additive key mask [stages][BK] (fp32)
+  // + bias tiles [stages][BQ][BK] (bias dtype, padded rows)
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
-         Cfg::kStages * Cfg::kBlockK * 4;
+         Cfg::kStages * Cfg::kBlockK * 4 + Cfg::kStages * FwdBias<BiasT>::kBytes;
 }
 
-template <class T, int D>
+template <class T, class BiasT, int D>
 __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a) {
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
   using Mma = dev::MmaOp<T>;
@@ -30,9 +35,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
   float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);  // [stages][BK]
+  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * BK);  // [stages][BQ][BK]
 
   const int N = a.dims.N;
-  const int s = blockIdx.x, q0 = blockIdx.y * BQ;
+  // Query tiles vary fastest: the blocks in flight share few slices, whose K/V stay in L2.
+  const int q0 = blockIdx.x * BQ, s = blockIdx.y;
   const int b = blockIdx.z / a.dims.H, h = blockIdx.z % a.dims.H;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
@@ -44,6 +51,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
   auto load_kv = [&](int tile, int stage) {
     load_tile_async<D, BK, Cfg::kThreads>(sK + stage * BK * D, gK, a.k.sn, tile * BK, N, tid);
     load_tile_async<D, BK, Cfg::kThreads>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N, tid);
+    load_bias_tile<BiasT, BQ, BK, Cfg::kThreads>(sBias + stage * FwdBias<BiasT>::kBytes, a.bias, bias_base,
+                                             q0, tile * BK, N, tid);
     if (tid < BK)
       sMask[stage * BK + tid] = key_attended(a.mask, b, s, tile * BK + tid, N) ? 0.f : -INFINITY;
   };
@@ -63,14 +72,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     const int stage = j % Cfg::kStages;
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
-    // Bias loads first: their latency hides behind the wait and the S = Q K^T products.
-    float bias[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        bias[nt][e] = load_bias_log2<T>(a.bias, bias_base, row[e / 2],
-                                        j * BK + nt * 8 + 2 * t + (e & 1), N);
     dev::cp_async_wait<1>();
     __syncthreads();
     if (j == 0) {
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     }
     const T* tK = sK + stage * BK * D;
     const T* tV = sV + stage * BK * D;
+    const uint8_t* tBias = sBias + stage * FwdBias<BiasT>::kBytes;
 
     float sc[NT][4] = {};  // S tile, 16 rows x BK keys per warp
 #pragma unroll
@@ -97,13 +99,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     // Online softmax over this tile, two rows per thread, reduced across the quad of lanes.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 madd = *reinterpret_cast<const float2*>(sMask + stage * BK + nt * 8 + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float madd = sMask[stage * BK + nt * 8 + 2 * t + (e & 1)];
-        sc[nt][e] = fmaf(sc[nt][e], a.scale_log2, bias[nt][e]) + madd;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], sc[nt][e]);
+      for (int r = 0; r < 2; ++r) {
+        const float2 bias = bias_pair_at<BiasT, BQ, BK>(tBias, warp * 16 + g + 8 * r, nt * 8 + 2 * t);
+        sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale_log2, bias.x) + madd.x;
+        sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale_log2, bias.y) + madd.y;
+        tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
       }
+    }
     float alpha[2], base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -174,30 +179,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
   }
 }
 
-template <class T, int D>
-cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = fwd_smem_bytes<D>();
-  auto kernel = forward_kernel<T, D>;
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+template <class T, class BiasT, int D>
+struct LaunchForward {
+  static cudaError_t run(const FwdArgs& a, cudaStream_t stream) {
+    constexpr size_t smem = fwd_smem_bytes<BiasT, D>();
+    auto kernel = forward_kernel<T, BiasT, D>;
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid((a.dims.N + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.dims.S, a.dims.B * a.dims.H);
+    kernel<<<grid, Cfg::kThreads, smem, stream>>>(a);
+    return cudaGetLastError();
   }
-  const dim3 grid(a.dims.S, (a.dims.N + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.dims.B * a.dims.H);
-  kernel<<<grid, Cfg::kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
-}
+};
 
 }  // namespace
 
 cudaError_t launch_forward(const FwdArgs& a, bool fp16, int head_dim, cudaStream_t stream) {
-  switch (head_dim) {
-    case 16: return fp16 ? launch<__half, 16>(a, stream) : launch<__nv_bfloat16, 16>(a, stream);
-    case 32: return fp16 ? launch<__half, 32>(a, stream) : launch<__nv_bfloat16, 32>(a, stream);
-    case 64: return fp16 ? launch<__half, 64>(a, stream) : launch<__nv_bfloat16, 64>(a, stream);
-    case 128: return fp16 ? launch<__half, 128>(a, stream) : launch<__nv_bfloat16, 128>(a, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch<LaunchForward>(fp16, a.bias.fp32, head_dim, a, stream);
 }
 
 }  // namespace tpf::attn

@@ -14,7 +14,8 @@ struct Bshnd {
 struct BiasRef {  // [B,1,H,N,N]
   void* ptr = nullptr;
   int64_t sb = 0, sh = 0, sq = 0, sk = 0;
-  bool fp32 = false;  // else the activation dtype
+  bool fp32 = false;    // else the activation dtype
+  bool vec16 = false;   // key stride 1 and every row 16-byte aligned: tiles load with cp.async
 };
 
 struct MaskRef {  // [B,S,1,1,N] bool; ptr == nullptr: attend everywhere
@@ -46,9 +47,11 @@ struct BwdArgs {
   float* dq_acc = nullptr;      // [B,S,H,N,D] fp32, ordered sum over key tiles
   float* delta = nullptr;       // [B,S,H,N] Dlt = <dO, O (+ R)>
   int* dq_turn = nullptr;       // [B,H,slice groups,query tiles] whose key tile adds next
-  float* dbias_part = nullptr;  // [chunks,B,H,N(k),N(q)] per-chunk partial sums, key-major
+  float* dbias_part = nullptr;  // [chunks,B,H,Nk,Nq] per-chunk partial sums, key-major, rows
+                                //   padded to whole tiles (Nk, Nq) so tiles need no edge checks
   int chunks = 1;               // slice chunks (dbias partials)
   int groups_per_chunk = 1;     // slice groups of BwdConfig::kSlices per chunk
+  int part_rows = 0, part_cols = 0;  // Nk = N rounded up to kBlockK, Nq = N rounded up to kBlockQ
 };
 
 }  // namespace tpf::attn

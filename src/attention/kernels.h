@@ -17,6 +17,7 @@ struct BwdPlan {
   int key_tiles;         // ceil(N / kBlockK)
   int chunks;            // slice chunks = dbias partials
   int groups_per_chunk;
+  int part_rows, part_cols;  // N rounded up to whole key / query tiles (dbias partial rows)
 };
 BwdPlan plan_backward(const Dims& d, int head_dim);
 

@@ -59,7 +59,7 @@ __global__ void dq_finalize_kernel(const BwdArgs a) {
   *reinterpret_cast<uint4*>(slice_ptr_mut<T>(a.dq, b, s, h) + n * a.dq.sn + 8 * c) = out;
 }
 
-// dbias[b,0,h,q,k] = sum over chunks c, in order, of part[c,b,h,k,q]: a 32 x 32 tile per
+// dbias[b,0,h,q,k] = sum over chunks c, in order, of part[c,b,h,k,q] (rows padded): a 32 x 32 tile per
 // block, transposed through shared memory so both sides are read and written along rows.
 template <class T>
 __global__ void dbias_reduce_kernel(const BwdArgs a) {
@@ -67,14 +67,15 @@ __global__ void dbias_reduce_kernel(const BwdArgs a) {
   const int N = a.dims.N, H = a.dims.H;
   const int b = blockIdx.z / H, h = blockIdx.z % H;
   const int q0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
-  const int64_t nn = static_cast<int64_t>(N) * N;
-  const int64_t stride_c = static_cast<int64_t>(a.dims.B) * H * nn;
-  const float* part = a.dbias_part + (static_cast<int64_t>(b) * H + h) * nn;
+  const int64_t plane = static_cast<int64_t>(a.part_rows) * a.part_cols;  // one (b, h)
+  const int64_t stride_c = static_cast<int64_t>(a.dims.B) * H * plane;
+  const float* part = a.dbias_part + (static_cast<int64_t>(b) * H + h) * plane;
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
     const int k = k0 + r, q = q0 + threadIdx.x;
     float sum = 0.f;
     if (k < N && q < N)
-      for (int c = 0; c < a.chunks; ++c) sum += part[c * stride_c + static_cast<int64_t>(k) * N + q];
+      for (int c = 0; c < a.chunks; ++c)
+        sum += part[c * stride_c + static_cast<int64_t>(k) * a.part_cols + q];
     tile[r][threadIdx.x] = sum;
   }
   __syncthreads();

@@ -22,11 +22,14 @@ struct FwdConfig {
 // by kSlices. kSlices is limited by registers: dK and dV of 16 keys x D stay in registers,
 // which at D = 128 fills a thread's budget with one quad per block; at D <= 32 four quads fit
 // under the 128 registers that 512 threads allow.
+#ifndef TPF_BWD_SLICES_SMALL_D  // quads per block at D <= 32 (a build-time experiment knob)
+#define TPF_BWD_SLICES_SMALL_D 4
+#endif
 template <int D>
 struct BwdConfig {
   static constexpr int kBlockK = 64;
   static constexpr int kBlockQ = 32;  // 2 n-tiles of S^T per 16 rows; keeps S^T and dP^T at 16 regs each
-  static constexpr int kSlices = D <= 32 ? 4 : (D == 64 ? 2 : 1);
+  static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
   static constexpr int kWarps = 4 * kSlices;
   static constexpr int kThreads = 32 * kWarps;
 };
