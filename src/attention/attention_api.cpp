@@ -67,6 +67,21 @@ Status check_grid(const char* op, const TensorView& q) {
   return Status::Ok();
 }
 
+// The kernels index within one (b, s, h) slice (and within one bias plane) in 32 bits.
+Status check_slice_extent(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  for (const auto& [name, t] : ts) {
+    if (!t->present()) continue;
+    const int r = t->rank;
+    const int64_t extent = (t->shape[r - 2] - 1) * t->stride[r - 2] + (t->shape[r - 1] - 1) * t->stride[r - 1] + 1;
+    if (extent > kMax)
+      return Status(StatusCode::kUnsupported,
+                    std::string("tpf.") + op + ": argument '" + name +
+                        "': one slice spans more than 2^31 elements; use a more compact layout");
+  }
+  return Status::Ok();
+}
+
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -94,6 +109,7 @@ BwdWorkspace workspace_layout(const AttentionBackwardParams& p, const attn::BwdP
 Status attention_forward(const AttentionForwardParams& p, cudaStream_t stream) {
   TPF_RETURN_IF_ERROR(validate_attention_forward(p, /*for_gpu=*/true));
   TPF_RETURN_IF_ERROR(check_grid("attention_forward", p.q));
+  TPF_RETURN_IF_ERROR(check_slice_extent("attention_forward", {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"bias", &p.bias}}));
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       "attention_forward", {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data},
                             {"bias", p.bias.data}, {"mask", p.mask.data}, {"out", p.out.data},
@@ -109,7 +125,7 @@ Status attention_forward(const AttentionForwardParams& p, cudaStream_t stream) {
   a.mask = mask_ref(p.mask);
   a.lse = static_cast<float*>(p.lse.data);
   a.dims = dims_of(p.q);
-  a.scale_log2 = static_cast<float>(scale_of(p.scale, p.q.shape[4]) * 1.4426950408889634);
+  a.scale = static_cast<float>(scale_of(p.scale, p.q.shape[4]));
   return detail::cuda_status("attention_forward",
                              attn::launch_forward(a, p.q.dtype == DType::kFP16,
                                                   static_cast<int>(p.q.shape[4]), stream));
@@ -126,6 +142,7 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream) {
   TPF_RETURN_IF_ERROR(validate_attention_backward(p, /*for_gpu=*/true));
   TPF_RETURN_IF_ERROR(check_grid("attention_backward", p.q));
+  TPF_RETURN_IF_ERROR(check_slice_extent("attention_backward", {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"dout", &p.dout}, {"bias", &p.bias}}));
   const auto plan = attn::plan_backward(dims_of(p.q), static_cast<int>(p.q.shape[4]));
   const BwdWorkspace w = workspace_layout(p, plan);
   if (workspace_bytes < w.total || (w.total > 0 && workspace == nullptr))
@@ -161,7 +178,6 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
   a.dims = dims_of(p.q);
   const double scale = scale_of(p.scale, p.q.shape[4]);
   a.scale = static_cast<float>(scale);
-  a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   auto* ws = static_cast<char*>(workspace);
   a.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
   a.delta = reinterpret_cast<float*>(ws + w.delta);

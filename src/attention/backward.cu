@@ -82,7 +82,11 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
   const int n_sg = (S + G - 1) / G, nq = (N + BQ - 1) / BQ;
   const int sg_begin = chunk * a.groups_per_chunk;
   const int sg_end = min(n_sg, sg_begin + a.groups_per_chunk);
-  const int64_t bias_base = b * a.bias.sb + h * a.bias.sh;
+  const BiasT* gBias = static_cast<const BiasT*>(a.bias.ptr) + b * a.bias.sb + h * a.bias.sh;
+  const TileCopier<D, BQ, 128> q_copier(qtid);   // a quad copies its own slice's tiles
+  const TileCopier<D, BK, 128> kv_copier(qtid);
+  const BiasCopier<BiasT, BQ, BK, NT> bias_copier(tid);
+  constexpr float kLog2e = 1.4426950408889634f;
   // This block's dbias partial: rows = its BK keys, all Nq (padded) query columns.
   float* part = a.dbias_part
                     ? a.dbias_part + ((static_cast<int64_t>(chunk) * a.dims.B + b) * H + h) *
@@ -97,11 +101,13 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
   T* qdS = sdS + quad * BK * BQ;
   float* qdSf = sdSf + quad * BK * FS;
 
-  // dQ row `q` of slice group member `m` in the fp32 accumulator (nullptr if out of range).
+  // dQ row `q` of slice group member `m` in the fp32 accumulator [B,S,H,N,D] (nullptr if out
+  // of range). Consecutive slices are H*N*D floats apart.
+  const int64_t dq_slice_stride = static_cast<int64_t>(H) * N * D;
   auto dq_row = [&](int sg, int m, int q) -> float* {
-    const int s = sg * G + m;
-    if (s >= S || q >= N) return nullptr;
-    return a.dq_acc + (((static_cast<int64_t>(b) * S + s) * H + h) * N + q) * D;
+    if (sg * G + m >= S || q >= N) return nullptr;
+    return a.dq_acc + ((static_cast<int64_t>(b) * S + sg * G) * H + h) * N * D + m * dq_slice_stride +
+           q * D;
   };
   // The pending step's dQ (sDq) and the sum of the earlier key tiles (sDqOld, kb > 0) map
   // element i to thread i % NT in both functions below: each thread reads back only what its own
@@ -145,15 +151,15 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
     // bias tile, and the dbias partial so far.
     auto load_step = [&](int qi, int st) {
       const int q0 = qi * BQ;
-      load_tile_async<D, BQ, 128>(sQ + (st * G + quad) * BQ * D, gQ, a.q.sn, q0, rows, qtid);
-      load_tile_async<D, BQ, 128>(sdO + (st * G + quad) * BQ * D, gdO, a.dout.sn, q0, rows, qtid);
+      q_copier.copy(sQ + (st * G + quad) * BQ * D, gQ, a.q.sn, q0, rows);
+      q_copier.copy(sdO + (st * G + quad) * BQ * D, gdO, a.dout.sn, q0, rows);
       if (qtid < BQ) {
         const int q = q0 + qtid;
         const bool ok = q < rows;
         sLse[(st * G + quad) * BQ + qtid] = ok ? a.lse[row_base + q] * 1.4426950408889634f : INFINITY;
         sDlt[(st * G + quad) * BQ + qtid] = ok ? a.delta[row_base + q] : 0.f;
       }
-      load_bias_tile<BiasT, BQ, BK, NT>(sBias + st * L::kBiasBytes, a.bias, bias_base, q0, k0, N, tid);
+      bias_copier.copy(sBias + st * L::kBiasBytes, a.bias, gBias, q0, k0, N, tid);
       if (part && !first_group)
         for (int i = tid; i < BK * BQ / 4; i += NT) {
           const int k = i / (BQ / 4), c = i % (BQ / 4);
@@ -161,8 +167,8 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
         }
     };
 
-    load_tile_async<D, BK, 128>(qK, slice_ptr<T>(a.k, b, s_ld, h), a.k.sn, k0, rows, qtid);
-    load_tile_async<D, BK, 128>(qV, slice_ptr<T>(a.v, b, s_ld, h), a.v.sn, k0, rows, qtid);
+    kv_copier.copy(qK, slice_ptr<T>(a.k, b, s_ld, h), a.k.sn, k0, rows);
+    kv_copier.copy(qV, slice_ptr<T>(a.v, b, s_ld, h), a.v.sn, k0, rows);
     load_step(0, 0);
     dev::cp_async_commit();
     bool attend[2];
@@ -210,14 +216,14 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
         }
       }
 
-      // P^T = exp2(S^T * scale * log2e + bias * log2e - LSE * log2e); dS^T = P^T (dP^T - Dlt).
+      // P^T = exp(S^T * scale + bias - LSE) (as exp2, LSE stored * log2e); dS^T = P^T (dP^T - Dlt).
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, q = nt * 8 + 2 * t + (e & 1);
           const float bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
-          const float x = fmaf(sT[nt][e], a.scale_log2, bias) - tLse[q];
+          const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
           const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
           sT[nt][e] = p;
           dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);

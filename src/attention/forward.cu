@@ -29,13 +29,15 @@ constexpr size_t fwd_smem_bytes() {
 template <class T, class BiasT, int D>
 __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a) {
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
+  constexpr float kLog2e = 1.4426950408889634f;
   using Mma = dev::MmaOp<T>;
+  using Bias = FwdBias<BiasT>;
   extern __shared__ __align__(128) uint8_t smem[];
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
-  float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);  // [stages][BK]
-  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * BK);  // [stages][BQ][BK]
+  float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);  // [stages][BK] 0 / -inf
+  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * BK);  // [stages] bias tiles
 
   const int N = a.dims.N;
   // Query tiles vary fastest: the blocks in flight share few slices, whose K/V stay in L2.
@@ -46,25 +48,33 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
   const T* gQ = slice_ptr<T>(a.q, b, s, h);
   const T* gK = slice_ptr<T>(a.k, b, s, h);
   const T* gV = slice_ptr<T>(a.v, b, s, h);
-  const int64_t bias_base = b * a.bias.sb + h * a.bias.sh;
+  const BiasT* gBias = static_cast<const BiasT*>(a.bias.ptr) + b * a.bias.sb + h * a.bias.sh;
+  const uint8_t* gMask = a.mask.ptr ? a.mask.ptr + b * a.mask.sb + s * a.mask.ss : nullptr;
+  const TileCopier<D, BK, Cfg::kThreads> kv_copier(tid);
+  const BiasCopier<BiasT, BQ, BK, Cfg::kThreads> bias_copier(tid);
 
   auto load_kv = [&](int tile, int stage) {
-    load_tile_async<D, BK, Cfg::kThreads>(sK + stage * BK * D, gK, a.k.sn, tile * BK, N, tid);
-    load_tile_async<D, BK, Cfg::kThreads>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N, tid);
-    load_bias_tile<BiasT, BQ, BK, Cfg::kThreads>(sBias + stage * FwdBias<BiasT>::kBytes, a.bias, bias_base,
-                                             q0, tile * BK, N, tid);
-    if (tid < BK)
-      sMask[stage * BK + tid] = key_attended(a.mask, b, s, tile * BK + tid, N) ? 0.f : -INFINITY;
+    kv_copier.copy(sK + stage * BK * D, gK, a.k.sn, tile * BK, N);
+    kv_copier.copy(sV + stage * BK * D, gV, a.v.sn, tile * BK, N);
+    bias_copier.copy(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
+    if (tid < BK) {
+      const int k = tile * BK + tid;
+      sMask[stage * BK + tid] = k < N && (!gMask || gMask[k * a.mask.sk]) ? 0.f : -INFINITY;
+    }
   };
 
-  load_tile_async<D, BQ, Cfg::kThreads>(sQ, gQ, a.q.sn, q0, N, tid);
+  TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
   load_kv(0, 0);
   dev::cp_async_commit();
 
   // Rows this thread holds in every accumulator: r = 0 -> warp row g, r = 1 -> g + 8.
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float o[DT][4] = {};                              // O accumulator, 16 rows x D per warp
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // running max (log2), partial sum
+  // Row sums of P come out of the tensor cores: P times a column of ones (B fragment: column 0
+  // of the n-tile is 1, the rest 0), so lsum[0] / lsum[2] of lane t = 0 hold rows g / g + 8.
+  float lsum[4] = {};
+  const uint32_t ones = g == 0 ? dev::MmaOp<T>::pack(1.f, 1.f) : 0u;
+  float m[2] = {-INFINITY, -INFINITY};              // running row max
   uint32_t qa[KS][4];                               // Q rows of this warp as A fragments
 
   const int n_tiles = (N + BK - 1) / BK;
@@ -82,7 +92,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     }
     const T* tK = sK + stage * BK * D;
     const T* tV = sV + stage * BK * D;
-    const uint8_t* tBias = sBias + stage * FwdBias<BiasT>::kBytes;
+    const uint8_t* tBias = sBias + stage * Bias::kBytes;
 
     float sc[NT][4] = {};  // S tile, 16 rows x BK keys per warp
 #pragma unroll
@@ -96,7 +106,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
         Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
       }
 
-    // Online softmax over this tile, two rows per thread, reduced across the quad of lanes.
+    // Scores in natural-log units: s = scale * QK^T + bias (+ -inf where masked).
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -104,39 +114,40 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float2 bias = bias_pair_at<BiasT, BQ, BK>(tBias, warp * 16 + g + 8 * r, nt * 8 + 2 * t);
-        sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale_log2, bias.x) + madd.x;
-        sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale_log2, bias.y) + madd.y;
+        sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale, bias.x) + madd.x;
+        sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale, bias.y) + madd.y;
         tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
       }
     }
-    float alpha[2], base[2];
+    // Online softmax, two rows per thread, reduced across the quad of lanes sharing a row.
+    float alpha[2], neg_base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
-      base[r] = m_new == -INFINITY ? 0.f : m_new;  // all keys masked so far: keep p = 0
-      alpha[r] = dev::exp2_approx(m[r] - base[r]);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // all keys masked so far: p = 0
+      alpha[r] = dev::exp2_approx((m[r] - base) * kLog2e);
+      neg_base[r] = -base * kLog2e;
       m[r] = m_new;
-      l[r] *= alpha[r];
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = dev::exp2_approx(sc[nt][e] - base[e / 2]);
-        l[e / 2] += sc[nt][e];
-      }
+      for (int e = 0; e < 4; ++e) sc[nt][e] = dev::exp2_approx(fmaf(sc[nt][e], kLog2e, neg_base[e / 2]));
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
+    for (int e = 0; e < 4; ++e) {
+      lsum[e] *= alpha[e / 2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e / 2];
+      for (int dt = 0; dt < DT; ++dt) o[dt][e] *= alpha[e / 2];
+    }
 
     // O += P V, P straight from registers as the A operand.
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t pa[4];
       dev::acc_to_a<T>(pa, sc[2 * kk], sc[2 * kk + 1]);
+      Mma::run(lsum, pa, ones, ones);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vb[4];
@@ -155,9 +166,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
   T* gR = a.res.ptr ? slice_ptr_mut<T>(a.res, b, s, h) : nullptr;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float l = __shfl_sync(0xffffffffu, lsum[2 * r], lane & ~3);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     if (row[r] >= N) continue;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
@@ -174,7 +184,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     }
     if (t == 0) {
       const int64_t idx = ((static_cast<int64_t>(b) * a.dims.S + s) * a.dims.H + h) * N + row[r];
-      a.lse[idx] = l[r] > 0.f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : INFINITY;
+      a.lse[idx] = l > 0.f ? m[r] + logf(l) : INFINITY;
     }
   }
 }

@@ -33,7 +33,7 @@ struct FwdArgs {
   MaskRef mask;
   float* lse = nullptr;  // [B,S,H,N] contiguous
   Dims dims;
-  float scale_log2 = 0;  // scale * log2(e): scores live in the log2 domain
+  float scale = 0;
 };
 
 struct BwdArgs {
@@ -42,7 +42,7 @@ struct BwdArgs {
   MaskRef mask;
   const float* lse = nullptr;  // [B,S,H,N]
   Dims dims;
-  float scale = 0, scale_log2 = 0;
+  float scale = 0;
   // Workspace (see attention_api.cpp for the layout).
   float* dq_acc = nullptr;      // [B,S,H,N,D] fp32, ordered sum over key tiles
   float* delta = nullptr;       // [B,S,H,N] Dlt = <dO, O (+ R)>

@@ -27,24 +27,44 @@ __device__ __forceinline__ T* tile_at(T* tile, int row, int chunk) {
   return tile + row * D + swizzle<D>(row, chunk) * 8;
 }
 
-// Asynchronously copy rows [row0, row0 + ROWS) of one (b, s, h) slice into a swizzled tile;
-// rows at or past n_rows are zero-filled. Trip count and divisors are compile-time constants
-// (powers of two), so the loop unrolls into a few address computations and LDGSTS.
-template <int D, int ROWS, int THREADS, class T>
-__device__ __forceinline__ void load_tile_async(T* tile, const T* slice, int64_t row_stride,
-                                                int row0, int n_rows, int tid) {
-  constexpr unsigned kChunks = D / 8, kTotal = ROWS * kChunks;
-  constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
+// Copies ROWS x D tiles of a (b, s, h) slice into swizzled shared tiles with cp.async. The
+// chunks each thread copies are fixed, so their rows, columns and shared offsets are computed
+// once (constructor) and every tile costs one address computation and one LDGSTS per chunk.
+// Rows at or past n_rows are zero-filled.
+template <int D, int ROWS, int THREADS>
+struct TileCopier {
+  static constexpr unsigned kChunks = D / 8, kTotal = ROWS * kChunks;  // 16-byte chunks
+  static constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
+  int row[kIters];       // tile row of each chunk (ROWS marks "none" when THREADS doesn't divide)
+  int col[kIters];       // its first element
+  uint32_t dst[kIters];  // its byte offset in the tile
+
+  __device__ __forceinline__ explicit TileCopier(int tid) {
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const unsigned i = tid + it * THREADS;
-    if (kTotal % THREADS != 0 && i >= kTotal) break;
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < n_rows;
-    const T* src = valid ? slice + (row0 + r) * row_stride + c * 8 : slice;
-    dev::cp_async_16(tile_at<D>(tile, r, c), src, valid);
+    for (int it = 0; it < kIters; ++it) {
+      const unsigned i = tid + it * THREADS;
+      const bool has = kTotal % THREADS == 0 || i < kTotal;
+      row[it] = has ? static_cast<int>(i / kChunks) : ROWS;
+      col[it] = has ? static_cast<int>(i % kChunks) * 8 : 0;
+      dst[it] = has ? 2 * (row[it] * D + swizzle<D>(row[it], col[it] / 8) * 8) : 0;
+    }
   }
-}
+
+  template <class T>
+  __device__ __forceinline__ void copy(T* tile, const T* slice, int64_t row_stride, int row0,
+                                       int n_rows) const {
+    const uint32_t base = dev::smem_addr(tile);
+    const int stride = static_cast<int>(row_stride);  // in-slice offsets fit 31 bits (host check)
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      if (kTotal % THREADS != 0 && row[it] == ROWS) break;
+      const bool valid = row0 + row[it] < n_rows;
+      const T* src = slice + (valid ? (row0 + row[it]) * stride + col[it] : 0);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + dst[it]),
+                   "l"(src), "r"(valid ? 16 : 0));
+    }
+  }
+};
 
 template <class T>
 __device__ __forceinline__ const T* slice_ptr(const Bshnd& t, int b, int s, int h) {
@@ -64,53 +84,70 @@ struct BiasTile {
   static constexpr int kBytes = ROWS * kRowBytes;
 };
 
-// Loads the bias tile rows [q0, q0+ROWS) x keys [k0, k0+COLS) of (b, h) into `tile`.
-// Vector path: 16-byte cp.async chunks, zero-filled past N. Other strides: scalar loads.
+// Loads bias tiles (query rows x key columns) of one (b, h). Vector path (key stride 1, rows
+// 16-byte aligned): 16-byte cp.async chunks with fixed per-thread geometry, zero-filled past N.
+// Other strides: scalar loads.
 template <class BiasT, int ROWS, int COLS, int THREADS>
-__device__ __forceinline__ void load_bias_tile(uint8_t* tile, const BiasRef& bias, int64_t base,
-                                               int q0, int k0, int n, int tid) {
+struct BiasCopier {
   using Tile = BiasTile<BiasT, ROWS, COLS>;
-  constexpr int kEsize = sizeof(BiasT);
-  const BiasT* g = static_cast<const BiasT*>(bias.ptr) + base;
-  if (bias.vec16) {
-    constexpr unsigned kChunks = COLS * kEsize / 16, kTotal = ROWS * kChunks;  // per tile
-    constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
+  static constexpr int kEsize = sizeof(BiasT), kPerChunk = 16 / kEsize;
+  static constexpr unsigned kChunks = COLS / kPerChunk, kTotal = ROWS * kChunks;
+  static constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
+  int row[kIters], col[kIters];
+  uint32_t dst[kIters];
+
+  __device__ __forceinline__ explicit BiasCopier(int tid) {
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const unsigned i = tid + it * THREADS;
-      if (kTotal % THREADS != 0 && i >= kTotal) break;
-      const int r = i / kChunks, c = i % kChunks;
-      const int q = q0 + r, k = k0 + c * (16 / kEsize);
-      const int valid = (q < n && k < n) ? min(16, (n - k) * kEsize) : 0;
-      const BiasT* src = valid ? g + q * bias.sq + k : g;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                       dev::smem_addr(tile + r * Tile::kRowBytes + c * 16)),
-                   "l"(src), "r"(valid));
-    }
-  } else {
-    for (int i = tid; i < ROWS * COLS; i += THREADS) {
-      const int r = i / COLS, c = i % COLS, q = q0 + r, k = k0 + c;
-      reinterpret_cast<BiasT*>(tile + r * Tile::kRowBytes)[c] =
-          q < n && k < n ? g[q * bias.sq + k * bias.sk] : BiasT(0.f);
+      const bool has = kTotal % THREADS == 0 || i < kTotal;
+      row[it] = has ? static_cast<int>(i / kChunks) : ROWS;
+      col[it] = has ? static_cast<int>(i % kChunks) * kPerChunk : 0;
+      dst[it] = has ? row[it] * Tile::kRowBytes + col[it] * kEsize : 0;
     }
   }
-}
 
-// Bias (query row r, key column c) of a tile, times log2(e).
+  // Rows [q0, q0+ROWS) x keys [k0, k0+COLS); `g` points at bias[b,0,h,0,0].
+  __device__ __forceinline__ void copy(uint8_t* tile, const BiasRef& bias, const BiasT* g, int q0,
+                                       int k0, int n, int tid) const {
+    if (bias.vec16) {
+      const uint32_t base = dev::smem_addr(tile);
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        if (kTotal % THREADS != 0 && row[it] == ROWS) break;
+        const int q = q0 + row[it], k = k0 + col[it];
+        const int valid = (q < n && k < n) ? min(16, (n - k) * kEsize) : 0;
+        const BiasT* src = g + (valid ? q * static_cast<int>(bias.sq) + k : 0);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + dst[it]),
+                     "l"(src), "r"(valid));
+      }
+    } else {
+      for (int i = tid; i < ROWS * COLS; i += THREADS) {
+        const int r = i / COLS, c = i % COLS, q = q0 + r, k = k0 + c;
+        reinterpret_cast<BiasT*>(tile + r * Tile::kRowBytes)[c] =
+            q < n && k < n ? g[q * bias.sq + k * bias.sk] : BiasT(0.f);
+      }
+    }
+  }
+};
+
+// Bias (query row r, key column c) of a tile.
 template <class BiasT, int ROWS, int COLS>
 __device__ __forceinline__ float bias_at(const uint8_t* tile, int r, int c) {
   using Tile = BiasTile<BiasT, ROWS, COLS>;
-  return dev::to_float(reinterpret_cast<const BiasT*>(tile + r * Tile::kRowBytes)[c]) *
-         1.4426950408889634f;
+  return dev::to_float(reinterpret_cast<const BiasT*>(tile + r * Tile::kRowBytes)[c]);
 }
 
-// Two adjacent keys (c, c+1; c even) of one query row, times log2(e).
+// Two adjacent keys (c, c+1; c even) of one query row, in one shared-memory load.
 template <class BiasT, int ROWS, int COLS>
 __device__ __forceinline__ float2 bias_pair_at(const uint8_t* tile, int r, int c) {
   using Tile = BiasTile<BiasT, ROWS, COLS>;
-  constexpr float kLog2e = 1.4426950408889634f;
-  const BiasT* p = reinterpret_cast<const BiasT*>(tile + r * Tile::kRowBytes) + c;
-  return make_float2(dev::to_float(p[0]) * kLog2e, dev::to_float(p[1]) * kLog2e);
+  const uint8_t* p = tile + r * Tile::kRowBytes + c * int(sizeof(BiasT));
+  if constexpr (sizeof(BiasT) == 4) {
+    return *reinterpret_cast<const float2*>(p);
+  } else {
+    return dev::pair_to_float2<BiasT>(*reinterpret_cast<const uint32_t*>(p));
+  }
 }
 
 // Whether key k of slice (b, s) is attended (in range and not masked out).

@@ -105,6 +105,18 @@ __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bf
 template <>
 __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 
+// Two packed 16-bit values (low = first) as floats.
+template <class T>
+__device__ __forceinline__ float2 pair_to_float2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 pair_to_float2<__nv_bfloat16>(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 pair_to_float2<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
 // Release/acquire on a 32-bit flag at GPU scope (the ordered dQ reduction's turn counter).
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
