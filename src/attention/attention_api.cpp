@@ -85,9 +85,9 @@ Status check_slice_extent(const char* op, std::initializer_list<std::pair<const 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-// Workspace of the backward: [dq_acc][delta][dq_turn][dbias_part], each 256-byte aligned.
+// Workspace of the backward: [dq_acc][delta][lse_log2][dq_turn][dbias_part], 256-byte aligned.
 struct BwdWorkspace {
-  size_t dq_acc, delta, turn, dbias_part, total;
+  size_t dq_acc, delta, lse_log2, turn, dbias_part, total;
 };
 
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, const attn::BwdPlan& plan) {
@@ -96,7 +96,8 @@ BwdWorkspace workspace_layout(const AttentionBackwardParams& p, const attn::BwdP
   BwdWorkspace w;
   w.dq_acc = 0;
   w.delta = align_up(w.dq_acc + sizeof(float) * B * S * H * N * D);
-  w.turn = align_up(w.delta + sizeof(float) * B * S * H * N);
+  w.lse_log2 = align_up(w.delta + sizeof(float) * B * S * H * N);
+  w.turn = align_up(w.lse_log2 + sizeof(float) * B * S * H * N);
   w.dbias_part = align_up(w.turn + sizeof(int) * B * H * plan.slice_groups * plan.query_tiles);
   w.total = w.dbias_part;
   if (p.dbias.present())
@@ -181,6 +182,7 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
   auto* ws = static_cast<char*>(workspace);
   a.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
   a.delta = reinterpret_cast<float*>(ws + w.delta);
+  a.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   a.dq_turn = reinterpret_cast<int*>(ws + w.turn);
   a.dbias_part = p.dbias.present() ? reinterpret_cast<float*>(ws + w.dbias_part) : nullptr;
   a.chunks = plan.chunks;

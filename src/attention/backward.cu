@@ -19,6 +19,11 @@
 #include "attention/tile_config.h"
 #include "attention/tile_io.cuh"
 
+// Timing experiment only (wrong dQ): skip waiting for the dQ turn, to measure what it costs.
+#ifndef TPF_EXPERIMENT_NO_DQ_ORDER
+#define TPF_EXPERIMENT_NO_DQ_ORDER 0
+#endif
+
 namespace tpf::attn {
 namespace {
 
@@ -37,7 +42,7 @@ struct BwdSmem {
   static constexpr int kDS = G * BK * BQ;      // sdS   [G][BK][BQ]      dS^T, swizzled
   static constexpr int k16 = kK + kV + kQ + kDO + kDS;
   // fp32 regions
-  static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       log2 domain
+  static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       LSE * log2(e)
   static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
   static constexpr int kOld = 2 * BK * BQ;     // sOld  [2][BK][BQ]      dbias partial so far
   static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T in fp32
@@ -131,10 +136,17 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
       }
       reinterpret_cast<float4*>(row)[c] = v;
     }
-    __threadfence();
   };
+
   auto turn_of = [&](int sg, int qi) {
     return a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
+  };  // After a barrier that follows every thread's dQ stores, one thread publishes them: a gpu-scope
+  // fence, then the release of the next key tile's turn.
+  auto release_turn = [&](int sg, int qi) {
+    if (tid == 0 && kb + 1 < static_cast<int>(gridDim.x)) {
+      __threadfence();
+      dev::st_release_gpu(turn_of(sg, qi), kb + 1);
+    }
   };
 
   for (int sg = sg_begin; sg < sg_end; ++sg) {
@@ -153,11 +165,10 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
       const int q0 = qi * BQ;
       q_copier.copy(sQ + (st * G + quad) * BQ * D, gQ, a.q.sn, q0, rows);
       q_copier.copy(sdO + (st * G + quad) * BQ * D, gdO, a.dout.sn, q0, rows);
-      if (qtid < BQ) {
-        const int q = q0 + qtid;
-        const bool ok = q < rows;
-        sLse[(st * G + quad) * BQ + qtid] = ok ? a.lse[row_base + q] * 1.4426950408889634f : INFINITY;
-        sDlt[(st * G + quad) * BQ + qtid] = ok ? a.delta[row_base + q] : 0.f;
+      if (qtid < BQ) {  // LSE (natural log) and Dlt; zero past N, harmless since dO is zero there
+        const bool ok = q0 + qtid < rows;
+        dev::cp_async_4(sLse + (st * G + quad) * BQ + qtid, a.lse_log2 + row_base + q0 + qtid, ok);
+        dev::cp_async_4(sDlt + (st * G + quad) * BQ + qtid, a.delta + row_base + q0 + qtid, ok);
       }
       bias_copier.copy(sBias + st * L::kBiasBytes, a.bias, gBias, q0, k0, N, tid);
       if (part && !first_group)
@@ -216,7 +227,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
         }
       }
 
-      // P^T = exp(S^T * scale + bias - LSE) (as exp2, LSE stored * log2e); dS^T = P^T (dP^T - Dlt).
+      // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
@@ -263,7 +274,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
         finish_dq(sg, qi - 1);
       }
       __syncthreads();  // (B) dS tiles complete; the previous step's dQ stored
-      if (qi > 0 && tid == 0 && kb + 1 < static_cast<int>(gridDim.x)) dev::st_release_gpu(turn_of(sg, qi - 1), kb + 1);
+      if (qi > 0) release_turn(sg, qi - 1);
 
       // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq.
       const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
@@ -304,7 +315,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
       }
 
       // Wait for this step's dQ turn: the key tiles before this one have stored theirs.
-      if (kb > 0 && tid == 0) {
+      if (kb > 0 && tid == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER) {
         const int* turn = turn_of(sg, qi);
         while (dev::ld_acquire_gpu(turn) != kb) __nanosleep(64);
       }
@@ -317,7 +328,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
     dev::cp_async_wait<0>();
     finish_dq(sg, nq - 1);
     __syncthreads();
-    if (tid == 0 && kb + 1 < static_cast<int>(gridDim.x)) dev::st_release_gpu(turn_of(sg, nq - 1), kb + 1);
+    release_turn(sg, nq - 1);
     if (active) {
       T* gdK = slice_ptr_mut<T>(a.dk, b, s, h);
       T* gdV = slice_ptr_mut<T>(a.dv, b, s, h);

@@ -57,11 +57,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     kv_copier.copy(sK + stage * BK * D, gK, a.k.sn, tile * BK, N);
     kv_copier.copy(sV + stage * BK * D, gV, a.v.sn, tile * BK, N);
     bias_copier.copy(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
-    if (tid < BK) {
-      const int k = tile * BK + tid;
-      sMask[stage * BK + tid] = k < N && (!gMask || gMask[k * a.mask.sk]) ? 0.f : -INFINITY;
-    }
   };
+  // Key mask of a tile as 0 / -inf, for thread tid < BK. Loaded two tiles ahead into a
+  // register so that its latency never sits in front of a barrier.
+  auto mask_of = [&](int tile) {
+    const int k = tile * BK + tid;
+    return k < N && (!gMask || gMask[k * a.mask.sk]) ? 0.f : -INFINITY;
+  };
+  float mask_ahead = 0.f;
+  if (tid < BK) {
+    sMask[tid] = mask_of(0);
+    mask_ahead = mask_of(1);
+  }
 
   TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
   load_kv(0, 0);
@@ -82,6 +89,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
     const int stage = j % Cfg::kStages;
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
+    if (tid < BK) {
+      sMask[((j + 1) % Cfg::kStages) * BK + tid] = mask_ahead;
+      mask_ahead = mask_of(j + 2);
+    }
     dev::cp_async_wait<1>();
     __syncthreads();
     if (j == 0) {

@@ -46,6 +46,7 @@ struct BwdArgs {
   // Workspace (see attention_api.cpp for the layout).
   float* dq_acc = nullptr;      // [B,S,H,N,D] fp32, ordered sum over key tiles
   float* delta = nullptr;       // [B,S,H,N] Dlt = <dO, O (+ R)>
+  float* lse_log2 = nullptr;    // [B,S,H,N] LSE * log2(e), so P = exp2(s * log2(e) - lse_log2)
   int* dq_turn = nullptr;       // [B,H,slice groups,query tiles] whose key tile adds next
   float* dbias_part = nullptr;  // [chunks,B,H,Nk,Nq] per-chunk partial sums, key-major, rows
                                 //   padded to whole tiles (Nk, Nq) so tiles need no edge checks

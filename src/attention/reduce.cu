@@ -9,7 +9,8 @@
 namespace tpf::attn {
 namespace {
 
-// Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, one thread per (b, s, h, n) row.
+// Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, one thread per (b, s, h, n) row; also the
+// LSE in log2 units for the backward's exp2.
 template <class T, int D>
 __global__ void delta_kernel(const BwdArgs a) {
   const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
@@ -36,6 +37,7 @@ __global__ void delta_kernel(const BwdArgs a) {
       acc = fmaf(dev::to_float(de[e]), dev::to_float(oe[e]) + (r ? dev::to_float(re[e]) : 0.f), acc);
   }
   a.delta[i] = acc;
+  a.lse_log2[i] = a.lse[i] * 1.4426950408889634f;
 }
 
 // dq = scale * dq_acc, rounded into the activation dtype; 8 elements per thread.

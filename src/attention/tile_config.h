@@ -15,20 +15,25 @@ struct FwdConfig {
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
-// tiles of 32 rows. A "quad" of 4 warps handles one slice (each warp 16 keys = one MMA M);
+// tiles (64 rows at D <= 32, 32 above). A "quad" of 4 warps handles one slice (each warp 16 keys = one MMA M);
 // kSlices quads run side by side on consecutive slices so that one bias tile load serves all
 // of them and their dS tiles are summed in shared memory (fixed order) before the single
 // read-modify-write of the block's private dbias partial: bias reads and dbias traffic shrink
 // by kSlices. kSlices is limited by registers: dK and dV of 16 keys x D stay in registers,
-// which at D = 128 fills a thread's budget with one quad per block; at D <= 32 four quads fit
-// under the 128 registers that 512 threads allow.
-#ifndef TPF_BWD_SLICES_SMALL_D  // quads per block at D <= 32 (a build-time experiment knob)
-#define TPF_BWD_SLICES_SMALL_D 4
+// which at D = 128 fills a thread's budget with one quad per block. At D <= 32, two quads with
+// 64-query steps beat four quads with 32-query steps (which spill at 128 registers) and one quad
+// (twice the dbias traffic): 10.1 vs 11.0 vs 16.2 ms forward+backward at N = 768 (perf-notes v5).
+#ifndef TPF_BWD_SLICES_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
+#define TPF_BWD_SLICES_SMALL_D 2
+#endif
+#ifndef TPF_BWD_BLOCK_Q_SMALL_D
+#define TPF_BWD_BLOCK_Q_SMALL_D 64
 #endif
 template <int D>
 struct BwdConfig {
   static constexpr int kBlockK = 64;
-  static constexpr int kBlockQ = 32;  // 2 n-tiles of S^T per 16 rows; keeps S^T and dP^T at 16 regs each
+  // Query rows per step: S^T and dP^T take BQ/2 registers each per thread.
+  static constexpr int kBlockQ = D <= 32 ? TPF_BWD_BLOCK_Q_SMALL_D : 32;
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
   static constexpr int kWarps = 4 * kSlices;
   static constexpr int kThreads = 32 * kWarps;

@@ -48,7 +48,7 @@ double median_ms(F&& fn, int warmup, int iters) {
   return t[t.size() / 2];
 }
 
-Result bench_attention(int N, int D, int H, int S, bool compensate, int iters) {
+Result bench_attention(int N, int D, int H, int S, bool compensate, bool dbias_on, int iters) {
   const DType bf = DType::kBF16;
   const int64_t x = int64_t{S} * H * N * D;
   DeviceBuffer q(x * 2), k(x * 2), v(x * 2), dout(x * 2), out(x * 2), res(x * 2), dq(x * 2),
@@ -82,7 +82,7 @@ Result bench_attention(int N, int D, int H, int S, bool compensate, int iters) {
   b.dq = view(dq);
   b.dk = view(dk);
   b.dv = view(dv);
-  b.dbias = contiguous_view(dbias.get(), bf, {1, 1, H, N, N});
+  if (dbias_on) b.dbias = contiguous_view(dbias.get(), bf, {1, 1, H, N, N});
   b.compensate = compensate;
   size_t ws_bytes = 0;
   Status st = attention_backward_workspace_size(b, &ws_bytes);
@@ -115,7 +115,8 @@ Result bench_attention(int N, int D, int H, int S, bool compensate, int iters) {
 int cmd_bench(const Args& args) {
   if (has_flag(args, "--help")) {
     std::puts(
-        "usage: tpf bench [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20] [--no-compensate] [--json]\n\n"
+        "usage: tpf bench [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20] [--no-compensate]\n"
+        "                 [--no-dbias] [--json]\n\n"
         "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs, 20% of\n"
         "keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
         "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
@@ -132,17 +133,19 @@ int cmd_bench(const Args& args) {
   const int H = std::stoi(option(args, "--heads", "4"));
   const int iters = std::stoi(option(args, "--iters", "20"));
   const bool comp = !has_flag(args, "--no-compensate");
+  const bool dbias_on = !has_flag(args, "--no-dbias");
   std::vector<Result> rs;
   for (int D : Ds)
     for (int N : Ns) {
-      rs.push_back(bench_attention(N, D, H, N, comp, iters));
+      rs.push_back(bench_attention(N, D, H, N, comp, dbias_on, iters));
       if (!has_flag(args, "--json"))
         std::fprintf(stderr, "  done N=%d D=%d\n", N, D);
     }
   if (has_flag(args, "--json")) {
     std::printf("{\"gpu\": \"%s\", \"op\": \"triangle_attention\", \"B\": 1, \"H\": %d, \"dtype\": \"bf16\", "
-                "\"compensate\": %s, \"iters\": %d, \"results\": [\n",
-                json_escape(gpu_name()).c_str(), H, comp ? "true" : "false", iters);
+                "\"compensate\": %s, \"dbias\": %s, \"iters\": %d, \"results\": [\n",
+                json_escape(gpu_name()).c_str(), H, comp ? "true" : "false",
+                dbias_on ? "true" : "false", iters);
     for (size_t i = 0; i < rs.size(); ++i) {
       const auto& r = rs[i];
       std::printf("  {\"N\": %d, \"S\": %d, \"D\": %d, \"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
@@ -153,8 +156,8 @@ int cmd_bench(const Args& args) {
     }
     std::puts("]}");
   } else {
-    std::printf("triangle attention on %s, B=1 H=%d S=N bf16, 20%% keys masked, compensate=%s\n",
-                gpu_name().c_str(), H, comp ? "on" : "off");
+    std::printf("triangle attention on %s, B=1 H=%d S=N bf16, 20%% keys masked, compensate=%s, "
+                "dbias=%s\n", gpu_name().c_str(), H, comp ? "on" : "off", dbias_on ? "on" : "off");
     std::printf("%6s %4s %10s %9s %8s %12s %9s %8s %10s\n", "N", "D", "fwd ms", "TFLOP/s",
                 "exp-fl", "fwd+bwd ms", "TFLOP/s", "exp-fl", "ws MiB");
     for (const auto& r : rs)
