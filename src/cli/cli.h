@@ -10,6 +10,7 @@ using Args = std::vector<std::string>;
 int cmd_info(const Args& args);
 int cmd_check(const Args& args);
 int cmd_bench(const Args& args);
+int cmd_accuracy(const Args& args);
 
 bool has_flag(const Args& args, const std::string& flag);
 // Value after `--name`, or `fallback`.

@@ -113,3 +113,48 @@ INSTANTIATE_TEST_SUITE_P(Sweep, GpuAttention, ::testing::ValuesIn(cases()),
 
 }  // namespace
 }  // namespace tpf::test
+
+// The FP64 GPU reference (used for the large accuracy tables) agrees with the CPU oracle.
+#include "testing/device_buffer.h"
+#include "testing/gpu_reference.h"
+
+namespace tpf::test {
+namespace {
+
+TEST(GpuReference, MatchesCpuReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  auto p = AttnProblem::random({2, 3, 2, 37, 16}, 99, DType::kBF16, DType::kFP32);
+  auto ref = p.to_fp64();
+  ASSERT_TRUE(reference::attention_forward(ref.fwd()).ok());
+  ASSERT_TRUE(reference::attention_backward(ref.bwd()).ok());
+  auto up = [](const HostTensor& t) {
+    harness::DeviceBuffer d(t.bytes.size());
+    harness::cuda_ok(cudaMemcpy(d.get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice), "H2D");
+    return d;
+  };
+  auto q = up(p.q), k = up(p.k), v = up(p.v), bias = up(p.bias), mask = up(p.mask), dout = up(p.dout);
+  auto with = [](TensorView t, const harness::DeviceBuffer& d) { t.data = d.get(); return t; };
+  const int64_t x = p.q.numel(), rows = x / 16, nb = p.bias.numel();
+  harness::DeviceBuffer out(x * 8), lse(rows * 8), delta(rows * 8), dq(x * 8), dk(x * 8), dv(x * 8), db(nb * 8);
+  harness::RefAttnDevice r{with(p.q.view, q), with(p.k.view, k), with(p.v.view, v),
+                           with(p.bias.view, bias), with(p.mask.view, mask), with(p.dout.view, dout),
+                           0.25, static_cast<double*>(out.get()), static_cast<double*>(lse.get()),
+                           static_cast<double*>(delta.get()), static_cast<double*>(dq.get()),
+                           static_cast<double*>(dk.get()), static_cast<double*>(dv.get()),
+                           static_cast<double*>(db.get())};
+  ASSERT_EQ(harness::reference_attention_device(r), cudaSuccess);
+  auto down = [](const harness::DeviceBuffer& d) {
+    std::vector<double> h(d.bytes() / 8);
+    harness::cuda_ok(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost), "D2H");
+    return h;
+  };
+  const std::pair<const harness::DeviceBuffer*, HostTensor*> pairs[] = {
+      {&out, &ref.out}, {&dq, &ref.dq}, {&dk, &ref.dk}, {&dv, &ref.dv}, {&db, &ref.dbias}};
+  for (const auto& [dev, host] : pairs) {
+    const auto want = host->values();
+    EXPECT_LT(max_abs_diff(down(*dev), want), 1e-10);
+  }
+}
+
+}  // namespace
+}  // namespace tpf::test
