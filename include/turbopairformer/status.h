@@ -8,7 +8,8 @@ namespace tpf {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,  // a shape, dtype, stride, pointer or flag is wrong
+  kInvalidArgument = 1,  // a shape, stride, pointer or flag is wrong
+  kInvalidType = 5,      // a dtype, or the memory kind (host / device), is wrong
   kUnsupported = 2,      // valid, but this build or device does not implement it
   kCudaError = 3,        // the CUDA runtime reported an error
   kWorkspaceTooSmall = 4,

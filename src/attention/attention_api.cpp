@@ -112,7 +112,7 @@ Status attention_forward(const AttentionForwardParams& p, cudaStream_t stream) {
   TPF_RETURN_IF_ERROR(check_grid("attention_forward", p.q));
   TPF_RETURN_IF_ERROR(check_slice_extent("attention_forward", {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"bias", &p.bias}}));
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
-      "attention_forward", {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data},
+      "attention_forward", stream, {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data},
                             {"bias", p.bias.data}, {"mask", p.mask.data}, {"out", p.out.data},
                             {"out_residual", p.compensate ? p.out_residual.data : nullptr},
                             {"lse", p.lse.data}}));
@@ -155,7 +155,7 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
     return Status(StatusCode::kInvalidArgument,
                   "tpf.attention_backward: argument 'workspace': must be 256-byte aligned");
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
-      "attention_backward",
+      "attention_backward", stream,
       {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}, {"bias", p.bias.data},
        {"mask", p.mask.data}, {"out", p.out.data},
        {"out_residual", p.compensate ? p.out_residual.data : nullptr}, {"lse", p.lse.data},

@@ -354,9 +354,9 @@ struct LaunchBackward {
   static cudaError_t run(const BwdArgs& a, const BwdPlan& plan, cudaStream_t stream) {
     const size_t smem = BwdSmem<BiasT, D>::bytes();
     auto kernel = backward_kernel<T, BiasT, D>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+    static const cudaError_t attr = cudaFuncSetAttribute(  // once per kernel and process
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attr != cudaSuccess) return attr;
     const dim3 grid(plan.key_tiles, plan.chunks, a.dims.B * a.dims.H);
     kernel<<<grid, BwdConfig<D>::kThreads, smem, stream>>>(a);
     return cudaGetLastError();

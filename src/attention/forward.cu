@@ -205,11 +205,9 @@ struct LaunchForward {
   static cudaError_t run(const FwdArgs& a, cudaStream_t stream) {
     constexpr size_t smem = fwd_smem_bytes<BiasT, D>();
     auto kernel = forward_kernel<T, BiasT, D>;
-    if (smem > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-    }
+    static const cudaError_t attr = cudaFuncSetAttribute(  // once per kernel and process
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attr != cudaSuccess) return attr;
     const dim3 grid((a.dims.N + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.dims.S, a.dims.B * a.dims.H);
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(a);
     return cudaGetLastError();

@@ -16,9 +16,17 @@ inline Status cuda_status(const char* op, cudaError_t e) {
                 std::string("tpf.") + op + ": CUDA error: " + cudaGetErrorString(e));
 }
 
-// Every named pointer (nullptr = absent, skipped) must be device-accessible memory.
-inline Status check_device_pointers(const char* op,
+// Every named pointer (nullptr = absent, skipped) must be device-accessible memory. While
+// `stream` is being captured into a CUDA graph the query is skipped: it is not a capturable
+// call, and the same arguments were checked when the graph's warm-up call ran eagerly.
+inline Status check_device_pointers(const char* op, cudaStream_t stream,
                                     std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    capture = cudaStreamCaptureStatusNone;
+  }
+  if (capture == cudaStreamCaptureStatusActive) return Status::Ok();
   for (const auto& [name, ptr] : ptrs) {
     if (!ptr) continue;
     cudaPointerAttributes attr{};
@@ -30,9 +38,28 @@ inline Status check_device_pointers(const char* op,
                                                 cudaGetErrorString(e) + "); is a GPU present?");
     }
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-      return Status(StatusCode::kInvalidArgument,
+      return Status(StatusCode::kInvalidType,
                     std::string("tpf.") + op + ": argument '" + name +
                         "': expected device memory, got a host pointer");
+  }
+  return Status::Ok();
+}
+
+// For the CPU reference: every named pointer (nullptr = absent) must be host memory. Without a
+// CUDA driver every pointer is host memory.
+inline Status check_host_pointers(const char* op,
+                                  std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  for (const auto& [name, ptr] : ptrs) {
+    if (!ptr) continue;
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+      cudaGetLastError();
+      return Status::Ok();  // no driver or unknown pointer: host memory
+    }
+    if (attr.type == cudaMemoryTypeDevice)
+      return Status(StatusCode::kInvalidType, std::string("tpf.") + op + ": argument '" + name +
+                                                  "': the CPU reference needs host memory, got a "
+                                                  "device pointer");
   }
   return Status::Ok();
 }

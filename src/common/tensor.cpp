@@ -30,6 +30,7 @@ const char* status_code_name(StatusCode code) {
   switch (code) {
     case StatusCode::kOk: return "ok";
     case StatusCode::kInvalidArgument: return "invalid argument";
+    case StatusCode::kInvalidType: return "invalid type";
     case StatusCode::kUnsupported: return "unsupported";
     case StatusCode::kCudaError: return "CUDA error";
     case StatusCode::kWorkspaceTooSmall: return "workspace too small";

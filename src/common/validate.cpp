@@ -28,9 +28,8 @@ bool is_float_dtype(DType d) {
   return d == DType::kBF16 || d == DType::kFP16 || d == DType::kFP32 || d == DType::kFP64;
 }
 
-Status Checker::fail(const std::string& arg, const std::string& what) const {
-  return Status(StatusCode::kInvalidArgument,
-                std::string("tpf.") + op + ": argument '" + arg + "': " + what);
+Status Checker::fail(const std::string& arg, const std::string& what, StatusCode code) const {
+  return Status(code, std::string("tpf.") + op + ": argument '" + arg + "': " + what);
 }
 
 Status Checker::present(const char* arg, const TensorView& t) const {
@@ -87,7 +86,8 @@ Status Checker::dtype(const char* arg, const TensorView& t,
     if (t.dtype == d) return Status::Ok();
   std::string list;
   for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d));
-  return fail(arg, "expected dtype " + list + ", got " + dtype_name(t.dtype));
+  return fail(arg, "expected dtype " + list + ", got " + dtype_name(t.dtype),
+              StatusCode::kInvalidType);
 }
 
 Status Checker::unit_last_stride(const char* arg, const TensorView& t) const {

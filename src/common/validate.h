@@ -19,7 +19,8 @@ struct Dim {
 struct Checker {
   const char* op;  // e.g. "attention_forward"
 
-  Status fail(const std::string& arg, const std::string& what) const;
+  Status fail(const std::string& arg, const std::string& what,
+              StatusCode code = StatusCode::kInvalidArgument) const;
 
   // Presence, rank, sizes, non-negative strides, no int64 overflow of the largest offset.
   Status shape(const char* arg, const TensorView& t, std::initializer_list<Dim> dims) const;

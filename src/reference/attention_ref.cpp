@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/cuda_check.h"
 #include "common/host_dtype.h"
 #include "common/parallel.h"
 #include "turbopairformer/reference.h"
@@ -91,6 +92,11 @@ double scale_of(const std::optional<double>& scale, int64_t D) {
 
 Status attention_forward(const AttentionForwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_attention_forward(p, /*for_gpu=*/false));
+  TPF_RETURN_IF_ERROR(detail::check_host_pointers(
+      "attention_forward", {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}, {"bias", p.bias.data},
+                            {"mask", p.mask.data}, {"out", p.out.data},
+                            {"out_residual", p.compensate ? p.out_residual.data : nullptr},
+                            {"lse", p.lse.data}}));
   const Dims d = dims_of(p.q);
   const double scale = scale_of(p.scale, d.D);
   detail::parallel_for(d.B * d.S * d.H, [&](int64_t item) {
@@ -117,6 +123,12 @@ Status attention_forward(const AttentionForwardParams& p) {
 
 Status attention_backward(const AttentionBackwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_attention_backward(p, /*for_gpu=*/false));
+  TPF_RETURN_IF_ERROR(detail::check_host_pointers(
+      "attention_backward",
+      {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}, {"bias", p.bias.data}, {"mask", p.mask.data},
+       {"out", p.out.data}, {"out_residual", p.compensate ? p.out_residual.data : nullptr},
+       {"dout", p.dout.data}, {"dq", p.dq.data}, {"dk", p.dk.data}, {"dv", p.dv.data},
+       {"dbias", p.dbias.data}}));
   const Dims d = dims_of(p.q);
   const int64_t N = d.N, D = d.D;
   const double scale = scale_of(p.scale, D);

@@ -1,0 +1,169 @@
+"""Triangle attention as torch.library custom ops (autograd, fake/meta implementations), so it
+works under torch.compile, CUDA graphs and torch.library.opcheck.
+
+    triangle_attention(q, k, v, bias, mask=None, scale=None, *, compensate=True)
+
+q, k, v: [B, S, H, N, D] (or more leading batch dims); bias: [B, 1, H, N, N]; mask:
+[B, S, 1, 1, N] bool, True = attend. CUDA tensors run the sm_90a kernels on the current stream;
+CPU tensors run the FP64 reference (slow, exact), so models can be debugged anywhere.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import _native
+
+_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float64: 3, torch.bool: 4}
+
+
+def _tensor(x: Optional[torch.Tensor], name: str) -> _native.TpfTensor:
+    t = _native.TpfTensor()
+    if x is None:
+        return t
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"turbopairformer: argument '{name}': unsupported dtype {x.dtype}")
+    if x.dim() > 6:
+        raise ValueError(f"turbopairformer: argument '{name}': rank {x.dim()} is above 6")
+    t.data = x.data_ptr()
+    t.dtype = _DTYPES[x.dtype]
+    t.rank = x.dim()
+    for i, (n, s) in enumerate(zip(x.shape, x.stride())):
+        t.shape[i] = n
+        t.stride[i] = s
+    return t
+
+
+def _args(scale: float, compensate: bool, **tensors) -> _native.TpfAttentionArgs:
+    a = _native.TpfAttentionArgs()
+    for name, x in tensors.items():
+        setattr(a, name, _tensor(x, name))
+    a.scale = scale
+    a.compensate = int(compensate)
+    return a
+
+
+def _stream(x: torch.Tensor):
+    return ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream) if x.is_cuda else None
+
+
+@torch.library.custom_op("turbopairformer::triangle_attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                   mask: Optional[torch.Tensor], scale: float, compensate: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out = torch.empty_like(q)
+    res = torch.empty_like(q) if compensate else q.new_empty(0)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    a = _args(scale, compensate, q=q, k=k, v=v, bias=bias, mask=mask, out=out,
+              out_residual=res if compensate else None, lse=lse)
+    err = _native.error_buffer()
+    with torch.cuda.device(q.device) if q.is_cuda else _nullcontext():
+        _native.check(_native.LIB.tpf_attention_forward(ctypes.byref(a), int(q.is_cuda),
+                                                        _stream(q), err, len(err)), err)
+    return out, res, lse
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, bias, mask, scale, compensate):
+    res = torch.empty_like(q) if compensate else q.new_empty(0)
+    return torch.empty_like(q), res, q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("turbopairformer::triangle_attention_bwd", mutates_args=())
+def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   bias: torch.Tensor, mask: Optional[torch.Tensor], out: torch.Tensor,
+                   res: torch.Tensor, lse: torch.Tensor, scale: float, compensate: bool,
+                   need_dbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if need_dbias else bias.new_empty(0)
+    a = _args(scale, compensate, q=q, k=k, v=v, bias=bias, mask=mask, out=out,
+              out_residual=res if compensate else None, lse=lse, dout=dout, dq=dq, dk=dk, dv=dv,
+              dbias=dbias if need_dbias else None)
+    err = _native.error_buffer()
+    with torch.cuda.device(q.device) if q.is_cuda else _nullcontext():
+        workspace, ws_bytes = None, 0
+        if q.is_cuda:
+            size = ctypes.c_size_t(0)
+            _native.check(_native.LIB.tpf_attention_backward_workspace_size(
+                ctypes.byref(a), ctypes.byref(size), err, len(err)), err)
+            ws_bytes = size.value
+            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device)
+        _native.check(_native.LIB.tpf_attention_backward(
+            ctypes.byref(a), int(q.is_cuda),
+            ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None, ws_bytes,
+            _stream(q), err, len(err)), err)
+    return dq, dk, dv, dbias
+
+
+@_attention_bwd.register_fake
+def _(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, need_dbias):
+    dbias = torch.empty_like(bias) if need_dbias else bias.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+
+
+def _vector_friendly(x: torch.Tensor) -> bool:
+    """Head-dim stride 1 and 16-byte aligned rows: what the CUDA kernels read directly."""
+    step = 16 // x.element_size()
+    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+            and all(s % step == 0 for n, s in zip(x.shape[:-1], x.stride()[:-1]) if n > 1))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, mask, scale, compensate = inputs
+    out, res, lse = output
+    ctx.save_for_backward(q, k, v, bias, mask, out, res, lse)
+    ctx.scale, ctx.compensate = scale, compensate
+
+
+def _backward(ctx, dout, _dres, _dlse):
+    q, k, v, bias, mask, out, res, lse = ctx.saved_tensors
+    if dout.is_cuda and not _vector_friendly(dout):  # e.g. the expanded gradient of a sum
+        dout = dout.contiguous()
+    dq, dk, dv, dbias = _attention_bwd(dout, q, k, v, bias, mask, out, res, lse, ctx.scale,
+                                       ctx.compensate, ctx.needs_input_grad[3])
+    return dq, dk, dv, (dbias if ctx.needs_input_grad[3] else None), None, None, None
+
+
+torch.library.register_autograd("turbopairformer::triangle_attention_fwd", _backward,
+                                setup_context=_setup_context)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _flatten_batch(x: Optional[torch.Tensor], keep: int) -> Optional[torch.Tensor]:
+    """Leading batch dims beyond the first are folded into it (a view where possible)."""
+    if x is None or x.dim() <= keep:
+        return x
+    return x.flatten(0, x.dim() - keep)
+
+
+def triangle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                       mask: Optional[torch.Tensor] = None, scale: Optional[float] = None, *,
+                       compensate: bool = True) -> torch.Tensor:
+    """Triangle attention (argument-compatible with cuequivariance_torch.triangle_attention).
+
+    Args:
+        q, k, v: [B, S, H, N, D] (extra leading batch dims allowed), bf16/fp16 on CUDA (head dim
+            16, 32, 64 or 128, head-dim stride 1), any float dtype on CPU.
+        bias: [B, 1, H, N, N], q's dtype or fp32; its gradient comes back in its dtype.
+        mask: optional [B, S, 1, 1, N] bool, True = attend. A row with every key masked gives
+            zeros and zero gradients.
+        scale: defaults to 1 / sqrt(D).
+        compensate: keep the forward's rounding residual for a more exact backward.
+
+    Returns:
+        [B, S, H, N, D] (with q's leading dims).
+    """
+    lead = q.shape[:-4]
+    out, _, _ = _attention_fwd(_flatten_batch(q, 5), _flatten_batch(k, 5), _flatten_batch(v, 5),
+                               _flatten_batch(bias, 5), _flatten_batch(mask, 5),
+                               float("nan") if scale is None else float(scale), bool(compensate))
+    return out.view(*lead, *out.shape[1:]) if len(lead) != 1 else out

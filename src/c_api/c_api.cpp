@@ -1,0 +1,96 @@
+// The C ABI: converts plain structs to the C++ parameter structs and Status to codes + text.
+#include "turbopairformer/c_api.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "turbopairformer/turbopairformer.h"
+
+namespace {
+
+tpf::TensorView view(const tpf_tensor& t) {
+  tpf::TensorView v;
+  v.data = t.data;
+  v.dtype = static_cast<tpf::DType>(t.dtype);
+  v.rank = t.rank;
+  for (int i = 0; i < tpf::kMaxRank; ++i) {
+    v.shape[i] = t.shape[i];
+    v.stride[i] = t.stride[i];
+  }
+  return v;
+}
+
+int report(const tpf::Status& s, char* err, size_t err_len) {
+  if (err && err_len) {
+    std::strncpy(err, s.message().c_str(), err_len - 1);
+    err[err_len - 1] = '\0';
+  }
+  return static_cast<int>(s.code());
+}
+
+std::optional<double> scale_of(double s) { return std::isnan(s) ? std::nullopt : std::optional<double>(s); }
+
+tpf::AttentionForwardParams forward_params(const tpf_attention_args& a) {
+  tpf::AttentionForwardParams p;
+  p.q = view(a.q);
+  p.k = view(a.k);
+  p.v = view(a.v);
+  p.bias = view(a.bias);
+  p.mask = view(a.mask);
+  p.out = view(a.out);
+  p.out_residual = view(a.out_residual);
+  p.lse = view(a.lse);
+  p.scale = scale_of(a.scale);
+  p.compensate = a.compensate != 0;
+  return p;
+}
+
+tpf::AttentionBackwardParams backward_params(const tpf_attention_args& a) {
+  tpf::AttentionBackwardParams p;
+  p.q = view(a.q);
+  p.k = view(a.k);
+  p.v = view(a.v);
+  p.bias = view(a.bias);
+  p.mask = view(a.mask);
+  p.out = view(a.out);
+  p.out_residual = view(a.out_residual);
+  p.lse = view(a.lse);
+  p.dout = view(a.dout);
+  p.dq = view(a.dq);
+  p.dk = view(a.dk);
+  p.dv = view(a.dv);
+  p.dbias = view(a.dbias);
+  p.scale = scale_of(a.scale);
+  p.compensate = a.compensate != 0;
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+int tpf_attention_forward(const tpf_attention_args* a, int32_t on_gpu, void* stream, char* err,
+                          size_t err_len) {
+  const auto p = forward_params(*a);
+  return report(on_gpu ? tpf::attention_forward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::attention_forward(p),
+                err, err_len);
+}
+
+int tpf_attention_backward_workspace_size(const tpf_attention_args* a, size_t* bytes, char* err,
+                                          size_t err_len) {
+  return report(tpf::attention_backward_workspace_size(backward_params(*a), bytes), err, err_len);
+}
+
+int tpf_attention_backward(const tpf_attention_args* a, int32_t on_gpu, void* workspace,
+                           size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  const auto p = backward_params(*a);
+  return report(on_gpu ? tpf::attention_backward(p, workspace, workspace_bytes,
+                                                 static_cast<cudaStream_t>(stream))
+                       : tpf::reference::attention_backward(p),
+                err, err_len);
+}
+
+const char* tpf_version(void) { return tpf::version(); }
+
+}  // extern "C"

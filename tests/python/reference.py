@@ -1,0 +1,51 @@
+"""Plain-PyTorch references used by the tests (float64, straight from DESIGN.md)."""
+import math
+
+import torch
+
+
+def attention_reference(q, k, v, bias, mask=None, scale=None):
+    """DESIGN.md section 1 in float64: masked keys get -inf; fully masked rows give zeros."""
+    q, k, v, bias = (t.double() for t in (q, k, v, bias))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale * q @ k.transpose(-1, -2) + bias
+    if mask is not None:
+        s = s.masked_fill(~mask.bool(), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all -inf rows -> 0
+    return p @ v
+
+
+class OpenFold3TriangleAttention(torch.nn.Module):
+    """OpenFold3's TriangleAttention written out in plain PyTorch (same parameter names)."""
+
+    def __init__(self, c_in, c_hidden, no_heads, starting=True, inf=1e9):
+        super().__init__()
+        self.c_hidden, self.no_heads, self.starting, self.inf = c_hidden, no_heads, starting, inf
+        self.layer_norm = torch.nn.LayerNorm(c_in)
+        self.linear_z = torch.nn.Linear(c_in, no_heads, bias=False)
+        self.mha = torch.nn.Module()
+        self.mha.linear_q = torch.nn.Linear(c_in, c_hidden * no_heads, bias=False)
+        self.mha.linear_k = torch.nn.Linear(c_in, c_hidden * no_heads, bias=False)
+        self.mha.linear_v = torch.nn.Linear(c_in, c_hidden * no_heads, bias=False)
+        self.mha.linear_o = torch.nn.Linear(c_hidden * no_heads, c_in)
+        self.mha.linear_g = torch.nn.Linear(c_in, c_hidden * no_heads)
+
+    def forward(self, x, mask=None):
+        if mask is None:
+            mask = x.new_ones(x.shape[:-1])
+        if not self.starting:
+            x, mask = x.transpose(-2, -3), mask.transpose(-1, -2)
+        x = self.layer_norm(x)
+        mask_bias = (self.inf * (mask - 1))[..., :, None, None, :]
+        tri_bias = self.linear_z(x).permute(*range(x.dim() - 3), -1, -3, -2).unsqueeze(-4)
+
+        def heads(t):
+            return t.view(*t.shape[:-1], self.no_heads, self.c_hidden).transpose(-2, -3)
+
+        q = heads(self.mha.linear_q(x)) / math.sqrt(self.c_hidden)
+        k, v = heads(self.mha.linear_k(x)), heads(self.mha.linear_v(x))
+        a = torch.softmax(q @ k.transpose(-1, -2) + mask_bias + tri_bias, dim=-1)
+        o = (a @ v).transpose(-2, -3)
+        o = o * torch.sigmoid(self.mha.linear_g(x)).view(o.shape)
+        o = self.mha.linear_o(o.reshape(*o.shape[:-2], -1))
+        return o.transpose(-2, -3) if not self.starting else o

@@ -1,0 +1,188 @@
+"""turbopairformer.triangle_attention: CPU reference path, CUDA kernels, errors, compile,
+CUDA graphs and opcheck."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
+
+import turbopairformer as tpf
+from conftest import requires_gpu
+from reference import attention_reference
+
+
+def make(B=1, S=3, H=2, N=7, D=16, dtype=torch.float64, device="cpu", bias_dtype=None, seed=0,
+         keep=0.8, layout="bshnd"):
+    g = torch.Generator().manual_seed(seed)
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    if layout == "bsnhd":  # OpenFold3's physical layout, viewed as [B,S,H,N,D]
+        q, k, v = (rnd(B, S, N, H, D).to(device, dtype).transpose(2, 3) for _ in range(3))
+    else:
+        q, k, v = (rnd(B, S, H, N, D).to(device, dtype) for _ in range(3))
+    bias = rnd(B, 1, H, N, N).to(device, bias_dtype or dtype)
+    mask = (torch.rand(B, S, 1, 1, N, generator=g) < keep).to(device)
+    return q, k, v, bias, mask
+
+
+def grads(fn, inputs, dout):
+    inputs = [t.detach().requires_grad_(True) for t in inputs]
+    out = fn(*inputs)
+    out.backward(dout)
+    return out.detach(), [t.grad for t in inputs]
+
+
+def rel(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def test_cpu_reference_path_matches_plain_pytorch():
+    q, k, v, bias, mask = make(N=9, D=8)
+    dout = torch.randn_like(q)
+    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
+    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout)
+    assert torch.allclose(out, ref, atol=1e-12)
+    for x, y in zip(g, gref):
+        assert torch.allclose(x, y, atol=1e-10)
+
+
+def test_fully_masked_rows_give_zeros_not_nan():
+    q, k, v, bias, mask = make(N=5, D=4)
+    mask[:, 0] = False  # every key of slice 0
+    qq = q.detach().requires_grad_(True)
+    out = tpf.triangle_attention(qq, k, v, bias, mask)
+    out.sum().backward()
+    assert torch.all(out[:, 0] == 0) and not torch.isnan(out).any()
+    assert torch.all(qq.grad[:, 0] == 0)
+
+
+def test_extra_leading_batch_dims_and_explicit_scale():
+    q, k, v, bias, mask = make(B=6, N=5, D=4)
+    out = tpf.triangle_attention(q.view(2, 3, *q.shape[1:]), k.view(2, 3, *k.shape[1:]),
+                                 v.view(2, 3, *v.shape[1:]), bias.view(2, 3, *bias.shape[1:]),
+                                 mask.view(2, 3, *mask.shape[1:]), scale=0.3)
+    ref = attention_reference(q, k, v, bias, mask, scale=0.3)
+    assert out.shape == (2, 3, *q.shape[1:])
+    assert torch.allclose(out.reshape(ref.shape), ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("case, exc, word", [
+    ("q_int", TypeError, "'q'"),
+    ("mask_float", TypeError, "'mask'"),
+    ("q_rank", ValueError, "'q'"),
+    ("k_shape", ValueError, "'k'"),
+    ("bias_heads", ValueError, "'bias'"),
+    ("q_head_stride", ValueError, "'q'"),
+    ("scale_zero", ValueError, "'scale'"),
+])
+def test_bad_input_names_the_argument(case, exc, word):
+    q, k, v, bias, mask = make(N=6, D=4)
+    kwargs = {}
+    if case == "q_int":
+        q = q.to(torch.int32)
+    elif case == "mask_float":
+        mask = mask.double()
+    elif case == "q_rank":
+        q = q[0]
+    elif case == "k_shape":
+        k = k[:, :, :, :5]
+    elif case == "bias_heads":
+        bias = bias[:, :, :1]
+    elif case == "q_head_stride":
+        q = torch.cat([q, q], dim=-1)[..., ::2]
+    elif case == "scale_zero":
+        kwargs["scale"] = 0.0
+    with pytest.raises(exc, match=word):
+        tpf.triangle_attention(q, k, v, bias, mask, **kwargs)
+
+
+def test_opcheck_cpu():
+    q, k, v, bias, mask = make(N=5, D=4)
+    args = tuple(t.requires_grad_(True) for t in (q, k, v, bias)) + (mask, 0.5, True)
+    torch.library.opcheck(torch.ops.turbopairformer.triangle_attention_fwd.default, args)
+
+
+# ---------------------------------------------------------------- CUDA
+def gpu_case(N, D, bias_dtype=torch.bfloat16, layout="bshnd", dtype=torch.bfloat16, S=3, seed=0):
+    q, k, v, bias, mask = make(S=S, N=N, D=D, dtype=dtype, device="cuda", bias_dtype=bias_dtype,
+                               layout=layout, seed=seed)
+    dout = torch.randn(q.shape, device="cuda", dtype=torch.float64).to(dtype)
+    return q, k, v, bias, mask, dout
+
+
+def floor(ref, dtype=torch.bfloat16):
+    return rel(ref.to(dtype), ref)
+
+
+@requires_gpu
+@pytest.mark.parametrize("N, D, bias_dtype, layout", [
+    (1, 16, torch.bfloat16, "bshnd"), (7, 32, torch.float32, "bsnhd"), (100, 64, torch.bfloat16, "bsnhd"),
+    (129, 128, torch.float32, "bshnd"), (333, 32, torch.bfloat16, "bsnhd")])
+def test_gpu_matches_fp64_within_the_bf16_floor(N, D, bias_dtype, layout):
+    q, k, v, bias, mask, dout = gpu_case(N, D, bias_dtype, layout)
+    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
+    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout.double())
+    assert out.dtype == q.dtype and g[3].dtype == bias_dtype
+    assert rel(out, ref) <= 1.6 * floor(ref)
+    for x, y in zip(g, gref):
+        if y.norm() > 0:
+            assert rel(x, y) <= 3.0 * floor(y)
+
+
+@requires_gpu
+def test_gpu_strided_inputs_are_not_copied_and_gradients_deterministic():
+    q, k, v, bias, mask, dout = gpu_case(64, 32, layout="bsnhd")
+    assert not q.is_contiguous()
+    runs = [grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)[1]
+            for _ in range(3)]
+    for r in runs[1:]:
+        for x, y in zip(r, runs[0]):
+            assert torch.equal(x, y)
+
+
+@requires_gpu
+def test_gpu_device_mismatch_and_head_dim_errors():
+    q, k, v, bias, mask, _ = gpu_case(16, 32)
+    with pytest.raises(TypeError, match="'k'"):
+        tpf.triangle_attention(q, k.cpu(), v, bias, mask)
+    q, k, v, bias, mask, _ = gpu_case(16, 24)
+    with pytest.raises(ValueError, match="head dim"):
+        tpf.triangle_attention(q, k, v, bias, mask)
+
+
+@requires_gpu
+def test_torch_compile_fullgraph_matches_eager():
+    q, k, v, bias, mask, dout = gpu_case(48, 32)
+    f = lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask)
+    eager, ge = grads(f, (q, k, v, bias), dout)
+    compiled, gc = grads(torch.compile(f, fullgraph=True), (q, k, v, bias), dout)
+    assert torch.equal(eager, compiled)
+    for x, y in zip(ge, gc):
+        assert torch.equal(x, y)
+
+
+@requires_gpu
+def test_cuda_graph_capture_and_replay():
+    q, k, v, bias, mask, _ = gpu_case(40, 16)
+    out = tpf.triangle_attention(q, k, v, bias, mask)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        tpf.triangle_attention(q, k, v, bias, mask)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = tpf.triangle_attention(q, k, v, bias, mask)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, tpf.triangle_attention(q, k, v, bias, mask))
+    assert not torch.equal(static, out)
+
+
+@requires_gpu
+def test_opcheck_gpu():
+    q, k, v, bias, mask, _ = gpu_case(33, 16)
+    args = tuple(t.requires_grad_(True) for t in (q, k, v, bias)) + (mask, 0.25, True)
+    torch.library.opcheck(torch.ops.turbopairformer.triangle_attention_fwd.default, args)
