@@ -76,6 +76,8 @@ def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    bias: torch.Tensor, mask: Optional[torch.Tensor], out: torch.Tensor,
                    res: torch.Tensor, lse: torch.Tensor, scale: float, compensate: bool,
                    need_dbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not _vector_friendly(dout):  # e.g. the expanded gradient of a sum
+        dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if need_dbias else bias.new_empty(0)
     a = _args(scale, compensate, q=q, k=k, v=v, bias=bias, mask=mask, out=out,
@@ -119,8 +121,6 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, _dres, _dlse):
     q, k, v, bias, mask, out, res, lse = ctx.saved_tensors
-    if dout.is_cuda and not _vector_friendly(dout):  # e.g. the expanded gradient of a sum
-        dout = dout.contiguous()
     dq, dk, dv, dbias = _attention_bwd(dout, q, k, v, bias, mask, out, res, lse, ctx.scale,
                                        ctx.compensate, ctx.needs_input_grad[3])
     return dq, dk, dv, (dbias if ctx.needs_input_grad[3] else None), None, None, None
