@@ -121,7 +121,8 @@ def floor(ref, dtype=torch.bfloat16):
 def test_gpu_matches_fp64_within_the_bf16_floor(N, D, bias_dtype, layout):
     q, k, v, bias, mask, dout = gpu_case(N, D, bias_dtype, layout)
     out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
-    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout.double())
+    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+                      tuple(t.double() for t in (q, k, v, bias)), dout.double())  # float64 leaves
     assert out.dtype == q.dtype and g[3].dtype == bias_dtype
     assert rel(out, ref) <= 1.6 * floor(ref)
     for x, y in zip(g, gref):
