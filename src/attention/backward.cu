@@ -55,7 +55,8 @@ struct BwdSmem {
 };
 
 template <class T, class BiasT, int D>
-__global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(const BwdArgs a) {
+__global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBlocks)
+    backward_kernel(const BwdArgs a) {
   using Cfg = BwdConfig<D>;
   using L = BwdSmem<BiasT, D>;
   using Mma = dev::MmaOp<T>;

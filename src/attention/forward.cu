@@ -13,25 +13,25 @@
 namespace tpf::attn {
 namespace {
 
-using Cfg = FwdConfig;
-
-template <class BiasT>
-using FwdBias = BiasTile<BiasT, Cfg::kBlockQ, Cfg::kBlockK>;
+template <class BiasT, int D>
+using FwdBias = BiasTile<BiasT, FwdConfig<D>::kBlockQ, FwdConfig<D>::kBlockK>;
 
 template <class BiasT, int D>
 constexpr size_t fwd_smem_bytes() {
+  using Cfg = FwdConfig<D>;
   // sQ [BQ][D] + sK, sV [stages][BK][D] (16-bit) + additive key mask [stages][BK] (fp32)
   // + bias tiles [stages][BQ][BK] (bias dtype, padded rows)
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
-         Cfg::kStages * Cfg::kBlockK * 4 + Cfg::kStages * FwdBias<BiasT>::kBytes;
+         Cfg::kStages * Cfg::kBlockK * 4 + Cfg::kStages * FwdBias<BiasT, D>::kBytes;
 }
 
 template <class T, class BiasT, int D>
-__global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(FwdConfig<D>::kThreads) forward_kernel(const FwdArgs a) {
+  using Cfg = FwdConfig<D>;
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
   constexpr float kLog2e = 1.4426950408889634f;
   using Mma = dev::MmaOp<T>;
-  using Bias = FwdBias<BiasT>;
+  using Bias = FwdBias<BiasT, D>;
   extern __shared__ __align__(128) uint8_t smem[];
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
@@ -203,6 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const FwdArgs a)
 template <class T, class BiasT, int D>
 struct LaunchForward {
   static cudaError_t run(const FwdArgs& a, cudaStream_t stream) {
+    using Cfg = FwdConfig<D>;
     constexpr size_t smem = fwd_smem_bytes<BiasT, D>();
     auto kernel = forward_kernel<T, BiasT, D>;
     static const cudaError_t attr = cudaFuncSetAttribute(  // once per kernel and process

@@ -4,13 +4,16 @@
 namespace tpf::attn {
 
 // Forward: one block = 4 warps = one (b, s, h) slice x 64 query rows; each warp owns 16 rows
-// (the M of one m16n8k16 MMA), so P never leaves registers. Key tiles of 64 columns keep the
-// S accumulator at 32 fp32 registers per thread, which leaves room for O at D = 128.
+// (the M of one m16n8k16 MMA), so P never leaves registers. Key tiles: 128 columns at D <= 32
+// halve the per-tile fixed work (barrier, copies, row max/sum bookkeeping) for 64 S registers
+// per thread: 1.70 vs 1.81 ms at N = 768, D = 32 (perf-notes v6). At D >= 64, 64 columns keep
+// S at 32 registers next to the larger O accumulator.
+template <int D>
 struct FwdConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockQ = 16 * kWarps;  // 64
-  static constexpr int kBlockK = 64;
+  static constexpr int kBlockK = D <= 32 ? 128 : 64;
   static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
 };
 
@@ -29,6 +32,9 @@ struct FwdConfig {
 #ifndef TPF_BWD_BLOCK_Q_SMALL_D
 #define TPF_BWD_BLOCK_Q_SMALL_D 64
 #endif
+#ifndef TPF_BWD_MIN_BLOCKS_SMALL_D  // resident blocks per SM the register budget must allow
+#define TPF_BWD_MIN_BLOCKS_SMALL_D 1
+#endif
 template <int D>
 struct BwdConfig {
   static constexpr int kBlockK = 64;
@@ -37,6 +43,7 @@ struct BwdConfig {
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
   static constexpr int kWarps = 4 * kSlices;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMinBlocks = D <= 32 ? TPF_BWD_MIN_BLOCKS_SMALL_D : 1;
 };
 
 // Blocks the backward aims to launch: 4 waves of 132 SMs bound the tail of the last wave to
