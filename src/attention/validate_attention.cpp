@@ -1,6 +1,5 @@
 // Argument validation of triangle attention, shared by the CUDA path and the reference.
 #include <cmath>
-#include <sstream>
 
 #include "common/validate.h"
 #include "turbopairformer/attention.h"
@@ -42,10 +41,9 @@ Status check_inputs(const Checker& c, const TensorView& q, const TensorView& k,
   if (for_gpu) {
     TPF_RETURN_IF_ERROR(c.dtype("q", q, {DType::kBF16, DType::kFP16}));
     if (!attention_head_dim_supported(s->D)) {
-      std::ostringstream os;
-      os << "head dim D=" << s->D << " is not built for the GPU; supported: 16, 32, 64, 128 "
-         << "(zero-pad D up to the next one)";
-      return c.fail("q", os.str());
+      return c.fail("q", "head dim D=" + std::to_string(s->D) +
+                             " is not built for the GPU; supported: 16, 32, 64, 128 (zero-pad D "
+                             "up to the next one)");
     }
   } else {
     TPF_RETURN_IF_ERROR(

@@ -1,27 +1,29 @@
+// Messages are built with std::string and std::to_string only: no iostreams, whose locale state
+// is not something a library loaded into an arbitrary process (Python, via dlopen) should rely on.
 #include "common/validate.h"
 
-#include <sstream>
+#include <cstdio>
 
 namespace tpf::detail {
 
+namespace {
+std::string str(int64_t x) { return std::to_string(x); }
+}  // namespace
+
 std::string shape_string(const TensorView& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < t.rank; ++i) os << (i ? "," : "") << t.shape[i];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int i = 0; i < t.rank; ++i) s += (i ? "," : "") + str(t.shape[i]);
+  return s + "]";
 }
 
 std::string dims_string(std::initializer_list<Dim> dims) {
-  std::ostringstream os;
-  os << "[";
+  std::string s = "[";
   int i = 0;
   for (const Dim& d : dims) {
-    os << (i++ ? "," : "") << d.name;
-    if (d.size >= 0) os << "=" << d.size;
+    s += (i++ ? "," : "") + std::string(d.name);
+    if (d.size >= 0) s += "=" + str(d.size);
   }
-  os << "]";
-  return os.str();
+  return s + "]";
 }
 
 bool is_float_dtype(DType d) {
@@ -40,26 +42,17 @@ Status Checker::present(const char* arg, const TensorView& t) const {
 Status Checker::shape(const char* arg, const TensorView& t, std::initializer_list<Dim> dims) const {
   TPF_RETURN_IF_ERROR(present(arg, t));
   const int rank = static_cast<int>(dims.size());
-  if (t.rank != rank) {
-    std::ostringstream os;
-    os << "expected rank " << rank << " " << dims_string(dims) << ", got rank " << t.rank << " "
-       << shape_string(t);
-    return fail(arg, os.str());
-  }
+  if (t.rank != rank)
+    return fail(arg, "expected rank " + str(rank) + " " + dims_string(dims) + ", got rank " +
+                         str(t.rank) + " " + shape_string(t));
   int i = 0;
   for (const Dim& d : dims) {
-    if (t.shape[i] < 1 || (d.size >= 0 && t.shape[i] != d.size)) {
-      std::ostringstream os;
-      os << "expected shape " << dims_string(dims) << ", got " << shape_string(t) << " (dimension "
-         << i << ", " << d.name << ")";
-      return fail(arg, os.str());
-    }
-    if (t.stride[i] < 0) {
-      std::ostringstream os;
-      os << "stride " << t.stride[i] << " of dimension " << i << " (" << d.name
-         << ") is negative; strides must be >= 0";
-      return fail(arg, os.str());
-    }
+    if (t.shape[i] < 1 || (d.size >= 0 && t.shape[i] != d.size))
+      return fail(arg, "expected shape " + dims_string(dims) + ", got " + shape_string(t) +
+                           " (dimension " + str(i) + ", " + d.name + ")");
+    if (t.stride[i] < 0)
+      return fail(arg, "stride " + str(t.stride[i]) + " of dimension " + str(i) + " (" + d.name +
+                           ") is negative; strides must be >= 0");
     ++i;
   }
   // Largest element offset and element count must fit in int64 (kernels index in 64 bits).
@@ -91,29 +84,24 @@ Status Checker::dtype(const char* arg, const TensorView& t,
 }
 
 Status Checker::unit_last_stride(const char* arg, const TensorView& t) const {
-  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1) {
-    std::ostringstream os;
-    os << "the last dimension's stride must be 1, got " << t.stride[t.rank - 1];
-    return fail(arg, os.str());
-  }
+  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+    return fail(arg, "the last dimension's stride must be 1, got " + str(t.stride[t.rank - 1]));
   return Status::Ok();
 }
 
 Status Checker::aligned(const char* arg, const TensorView& t, int bytes) const {
   const auto addr = reinterpret_cast<uintptr_t>(t.data);
   if (addr % bytes != 0) {
-    std::ostringstream os;
-    os << "data pointer must be " << bytes << "-byte aligned, got address 0x" << std::hex << addr;
-    return fail(arg, os.str());
+    char hex[32];
+    std::snprintf(hex, sizeof(hex), "0x%llx", static_cast<unsigned long long>(addr));
+    return fail(arg, "data pointer must be " + str(bytes) + "-byte aligned, got address " + hex);
   }
   const int64_t elems = bytes / dtype_size(t.dtype);
   for (int i = 0; i + 1 < t.rank; ++i) {
-    if (t.shape[i] > 1 && t.stride[i] % elems != 0) {
-      std::ostringstream os;
-      os << "stride " << t.stride[i] << " of dimension " << i << " must be a multiple of " << elems
-         << " elements (" << bytes << " bytes) for vector loads";
-      return fail(arg, os.str());
-    }
+    if (t.shape[i] > 1 && t.stride[i] % elems != 0)
+      return fail(arg, "stride " + str(t.stride[i]) + " of dimension " + str(i) +
+                           " must be a multiple of " + str(elems) + " elements (" + str(bytes) +
+                           " bytes) for vector loads");
   }
   return Status::Ok();
 }
@@ -121,7 +109,7 @@ Status Checker::aligned(const char* arg, const TensorView& t, int bytes) const {
 Status Checker::writable(const char* arg, const TensorView& t) const {
   for (int i = 0; i < t.rank; ++i)
     if (t.shape[i] > 1 && t.stride[i] == 0)
-      return fail(arg, "is an output but dimension " + std::to_string(i) +
+      return fail(arg, "is an output but dimension " + str(i) +
                            " has stride 0 (broadcast); outputs need distinct elements");
   return Status::Ok();
 }

@@ -1,5 +1,5 @@
 // Argument validation of the triangle multiplicative update.
-#include <sstream>
+#include <string>
 
 #include "common/validate.h"
 #include "turbopairformer/trimul.h"
