@@ -44,7 +44,7 @@ struct BwdSmem {
   // fp32 regions
   static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       LSE * log2(e)
   static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
-  static constexpr int kOld = 2 * BK * BQ;     // sOld  [2][BK][BQ]      dbias partial so far
+  static constexpr int kOld = 2 * BK * kFStride;  // sOld [2][BK][BQ+8]   dbias partial so far
   static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T in fp32
   static constexpr int kDq = G * BQ * D;       // sDq   [G][BQ][D]       this key tile's dQ part
   static constexpr int kDqOld = G * BQ * D;    // sDqOld [G][BQ][D]      dQ of earlier key tiles
@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
   constexpr int QT = BQ / 8, DT = D / 8, KS = D / 16, FS = L::kFStride;
   constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (0 at D=16)
   constexpr int kDqUnitsPerWarp = kDqUnits > 0 ? kDqUnits : 1;
+  static_assert(QT % G == 0, "each quad finishes a whole number of query n-tiles of dbias");
 
   extern __shared__ __align__(128) uint8_t smem[];
   T* sK = reinterpret_cast<T*>(smem);
@@ -175,7 +176,8 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
       if (part && !first_group)
         for (int i = tid; i < BK * BQ / 4; i += NT) {
           const int k = i / (BQ / 4), c = i % (BQ / 4);
-          dev::cp_async_16(sOld + st * BK * BQ + k * BQ + 4 * c, part + static_cast<int64_t>(k) * a.part_cols + q0 + 4 * c, true);
+          dev::cp_async_16(sOld + st * BK * FS + k * FS + 4 * c,
+                           part + static_cast<int64_t>(k) * a.part_cols + q0 + 4 * c, true);
         }
     };
 
@@ -260,14 +262,15 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         }
       }
 
-      // dS^T to shared memory: 16-bit for dQ = dS K, fp32 for the bias gradient.
+      // dS^T to shared memory: 16-bit for dQ = dS K; fp32 for the other quads' bias-gradient sums.
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float d0 = dpT[nt][2 * r], d1 = dpT[nt][2 * r + 1];
           *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) = Mma::pack(d0, d1);
-          *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) = make_float2(d0, d1);
+          if (G > 1 && part)
+            *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) = make_float2(d0, d1);
         }
       // The previous step's dQ: its earlier sum has been fetching during the math above.
       if (qi > 0) {
@@ -276,6 +279,31 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
       }
       __syncthreads();  // (B) dS tiles complete; the previous step's dQ stored
       if (qi > 0) release_turn(sg, qi - 1);
+
+      // Bias gradient: quad m finishes query n-tiles [m QT/G, (m+1) QT/G) of the block's tile:
+      // the partial so far, then every quad's dS in quad order (its own straight from registers).
+      if (part) {
+        const float* old = sOld + st * BK * FS;
+#pragma unroll
+        for (int nt = 0; nt < QT; ++nt) {
+          if (nt / (QT / G) != quad) continue;  // compile-time nt: no dynamic register indexing
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int q = nt * 8 + 2 * t;
+            float2 sum = first_group ? make_float2(0.f, 0.f)
+                                     : *reinterpret_cast<const float2*>(old + krow[r] * FS + q);
+#pragma unroll
+            for (int m = 0; m < G; ++m) {
+              const float2 d = m == quad ? make_float2(dpT[nt][2 * r], dpT[nt][2 * r + 1])
+                                         : *reinterpret_cast<const float2*>(
+                                               sdSf + m * BK * FS + krow[r] * FS + q);
+              sum.x += d.x;
+              sum.y += d.y;
+            }
+            *reinterpret_cast<float2*>(part + static_cast<int64_t>(krow[r]) * a.part_cols + q0 + q) = sum;
+          }
+        }
+      }
 
       // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq.
       const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
@@ -300,18 +328,6 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
             for (int r = 0; r < 2; ++r)
               *reinterpret_cast<float2*>(sDq + (quad * BQ + qg * 16 + g + 8 * r) * D + dg * 16 +
                                          n * 8 + 2 * t) = make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
-        }
-      }
-
-      // Bias gradient: the quads' dS tiles summed in quad order, added to the partial so far.
-      if (part) {
-        const float* old = sOld + st * BK * BQ;
-        for (int i = tid; i < BK * BQ; i += NT) {
-          const int k = i / BQ, q = i % BQ;
-          float sum = first_group ? 0.f : old[i];
-#pragma unroll
-          for (int m = 0; m < G; ++m) sum += sdSf[m * BK * FS + k * FS + q];
-          part[static_cast<int64_t>(k) * a.part_cols + q0 + q] = sum;
         }
       }
 
