@@ -30,8 +30,10 @@ int report(const tpf::Status& s, char* err, size_t err_len) {
 
 std::optional<double> scale_of(double s) { return std::isnan(s) ? std::nullopt : std::optional<double>(s); }
 
-tpf::AttentionForwardParams forward_params(const tpf_attention_args& a) {
-  tpf::AttentionForwardParams p;
+// The fields the forward and backward parameter structs share.
+template <class P>
+P common_params(const tpf_attention_args& a) {
+  P p;
   p.q = view(a.q);
   p.k = view(a.k);
   p.v = view(a.v);
@@ -45,23 +47,17 @@ tpf::AttentionForwardParams forward_params(const tpf_attention_args& a) {
   return p;
 }
 
+tpf::AttentionForwardParams forward_params(const tpf_attention_args& a) {
+  return common_params<tpf::AttentionForwardParams>(a);
+}
+
 tpf::AttentionBackwardParams backward_params(const tpf_attention_args& a) {
-  tpf::AttentionBackwardParams p;
-  p.q = view(a.q);
-  p.k = view(a.k);
-  p.v = view(a.v);
-  p.bias = view(a.bias);
-  p.mask = view(a.mask);
-  p.out = view(a.out);
-  p.out_residual = view(a.out_residual);
-  p.lse = view(a.lse);
+  auto p = common_params<tpf::AttentionBackwardParams>(a);
   p.dout = view(a.dout);
   p.dq = view(a.dq);
   p.dk = view(a.dk);
   p.dv = view(a.dv);
   p.dbias = view(a.dbias);
-  p.scale = scale_of(a.scale);
-  p.compensate = a.compensate != 0;
   return p;
 }
 

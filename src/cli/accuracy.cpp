@@ -6,7 +6,7 @@
 
 #include "cli/cli.h"
 #include "testing/device_buffer.h"
-#include "testing/device_random.h"
+#include "testing/device_attention.h"
 #include "testing/gpu_attention.h"
 #include "testing/gpu_reference.h"
 
@@ -23,75 +23,32 @@ struct Row {
 };
 const char* kNames[5] = {"O", "dQ", "dK", "dV", "dbias"};
 
-void check(const Status& s) {
-  if (!s.ok()) throw std::runtime_error(s.message());
-}
-
 std::vector<Row> accuracy_rows(int N, int D, int H) {
   const int S = N;
-  const DType bf = DType::kBF16;
   const int64_t x = int64_t{S} * H * N * D, rows = int64_t{S} * H * N;
-  DeviceBuffer q(x * 2), k(x * 2), v(x * 2), dout(x * 2), out(x * 2), res(x * 2), dq(x * 2),
-      dk(x * 2), dv(x * 2), bias(int64_t{H} * N * N * 2), dbias(int64_t{H} * N * N * 2),
-      mask(int64_t{S} * N), lse(rows * 4);
-  uint64_t seed = 1000 + N * 10 + D;
-  for (auto* b : {&q, &k, &v, &dout, &bias})
-    cuda_ok(harness::fill_normal_device(b->get(), bf, b->bytes() / 2, seed++), "fill");
-  cuda_ok(harness::fill_mask_device(static_cast<uint8_t*>(mask.get()), int64_t{S} * N, 0.8, seed), "fill");
-  auto view = [&](DeviceBuffer& b) { return contiguous_view(b.get(), bf, {1, S, H, N, D}); };
-  const TensorView bias_v = contiguous_view(bias.get(), bf, {1, 1, H, N, N});
-  const TensorView mask_v = contiguous_view(mask.get(), DType::kBool, {1, S, 1, 1, N});
-
-  // FP64 reference of the same (bf16-valued) inputs.
-  DeviceBuffer r_out(x * 8), r_lse(rows * 8), r_delta(rows * 8), r_dq(x * 8), r_dk(x * 8),
-      r_dv(x * 8), r_dbias(int64_t{H} * N * N * 8);
-  harness::RefAttnDevice ref{view(q), view(k), view(v), bias_v, mask_v, view(dout),
-                             1.0 / std::sqrt(double(D)),
-                             static_cast<double*>(r_out.get()), static_cast<double*>(r_lse.get()),
-                             static_cast<double*>(r_delta.get()), static_cast<double*>(r_dq.get()),
-                             static_cast<double*>(r_dk.get()), static_cast<double*>(r_dv.get()),
-                             static_cast<double*>(r_dbias.get())};
-  cuda_ok(harness::reference_attention_device(ref), "reference");
-  cuda_ok(cudaDeviceSynchronize(), "reference");
-
   std::vector<Row> out_rows;
   for (bool comp : {true, false}) {
-    AttentionForwardParams f;
-    f.q = view(q);
-    f.k = view(k);
-    f.v = view(v);
-    f.bias = bias_v;
-    f.mask = mask_v;
-    f.out = view(out);
-    f.out_residual = view(res);
-    f.lse = contiguous_view(lse.get(), DType::kFP32, {1, S, H, N});
-    f.compensate = comp;
-    check(attention_forward(f, nullptr));
-    AttentionBackwardParams b;
-    b.q = f.q;
-    b.k = f.k;
-    b.v = f.v;
-    b.bias = f.bias;
-    b.mask = f.mask;
-    b.out = f.out;
-    b.out_residual = f.out_residual;
-    b.lse = f.lse;
-    b.dout = view(dout);
-    b.dq = view(dq);
-    b.dk = view(dk);
-    b.dv = view(dv);
-    b.dbias = contiguous_view(dbias.get(), bf, {1, 1, H, N, N});
-    b.compensate = comp;
-    size_t ws_bytes = 0;
-    check(attention_backward_workspace_size(b, &ws_bytes));
-    DeviceBuffer ws(ws_bytes);
-    check(attention_backward(b, ws.get(), ws_bytes, nullptr));
+    // Same seed for both: identical inputs with compensation on and off. The FP64 reference is
+    // recomputed for each (it costs well under a second).
+    harness::DeviceAttention p(S, H, N, D, 1000 + N * 10 + D, 0.8, comp);
+    DeviceBuffer r_out(x * 8), r_lse(rows * 8), r_delta(rows * 8), r_dq(x * 8), r_dk(x * 8),
+        r_dv(x * 8), r_dbias(int64_t{H} * N * N * 8);
+    harness::RefAttnDevice ref{p.fwd.q, p.fwd.k, p.fwd.v, p.fwd.bias, p.fwd.mask, p.bwd.dout,
+                               1.0 / std::sqrt(double(D)),
+                               static_cast<double*>(r_out.get()), static_cast<double*>(r_lse.get()),
+                               static_cast<double*>(r_delta.get()), static_cast<double*>(r_dq.get()),
+                               static_cast<double*>(r_dk.get()), static_cast<double*>(r_dv.get()),
+                               static_cast<double*>(r_dbias.get())};
+    cuda_ok(harness::reference_attention_device(ref), "reference");
+    p.forward();
+    p.backward();
     cuda_ok(cudaDeviceSynchronize(), "kernels");
     Row r{N, D, comp, {}, {}};
-    const TensorView got[5] = {f.out, b.dq, b.dk, b.dv, b.dbias};
+    const TensorView got[5] = {p.fwd.out, p.bwd.dq, p.bwd.dk, p.bwd.dv, p.bwd.dbias};
     const double* want[5] = {ref.out, ref.dq, ref.dk, ref.dv, ref.dbias};
     for (int i = 0; i < 5; ++i)
-      cuda_ok(harness::relative_rmse_device(got[i], want[i], bf, &r.err[i], &r.floor[i]), "rmse");
+      cuda_ok(harness::relative_rmse_device(got[i], want[i], DType::kBF16, &r.err[i], &r.floor[i]),
+              "rmse");
     out_rows.push_back(r);
   }
   return out_rows;

@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 #include "testing/device_buffer.h"
-#include "testing/device_random.h"
+#include "testing/device_attention.h"
 #include "turbopairformer/turbopairformer.h"
 
 namespace tpf::cli {
@@ -49,53 +49,14 @@ double median_ms(F&& fn, int warmup, int iters) {
 }
 
 Result bench_attention(int N, int D, int H, int S, bool compensate, bool dbias_on, int iters) {
-  const DType bf = DType::kBF16;
+  harness::DeviceAttention p(S, H, N, D, /*seed=*/1, 0.8, compensate, dbias_on);
   const int64_t x = int64_t{S} * H * N * D;
-  DeviceBuffer q(x * 2), k(x * 2), v(x * 2), dout(x * 2), out(x * 2), res(x * 2), dq(x * 2),
-      dk(x * 2), dv(x * 2), bias(int64_t{H} * N * N * 2), dbias(int64_t{H} * N * N * 2),
-      mask(int64_t{S} * N), lse(int64_t{S} * H * N * 4);
-  uint64_t seed = 1;
-  for (auto* b : {&q, &k, &v, &dout, &bias})
-    cuda_ok(harness::fill_normal_device(b->get(), bf, b->bytes() / 2, seed++), "fill");
-  cuda_ok(harness::fill_mask_device(static_cast<uint8_t*>(mask.get()), S * int64_t{N}, 0.8, seed), "fill");
-  auto view = [&](DeviceBuffer& b) { return contiguous_view(b.get(), bf, {1, S, H, N, D}); };
-  AttentionForwardParams f;
-  f.q = view(q);
-  f.k = view(k);
-  f.v = view(v);
-  f.bias = contiguous_view(bias.get(), bf, {1, 1, H, N, N});
-  f.mask = contiguous_view(mask.get(), DType::kBool, {1, S, 1, 1, N});
-  f.out = view(out);
-  f.out_residual = view(res);
-  f.lse = contiguous_view(lse.get(), DType::kFP32, {1, S, H, N});
-  f.compensate = compensate;
-  AttentionBackwardParams b;
-  b.q = f.q;
-  b.k = f.k;
-  b.v = f.v;
-  b.bias = f.bias;
-  b.mask = f.mask;
-  b.out = f.out;
-  b.out_residual = f.out_residual;
-  b.lse = f.lse;
-  b.dout = view(dout);
-  b.dq = view(dq);
-  b.dk = view(dk);
-  b.dv = view(dv);
-  if (dbias_on) b.dbias = contiguous_view(dbias.get(), bf, {1, 1, H, N, N});
-  b.compensate = compensate;
-  size_t ws_bytes = 0;
-  Status st = attention_backward_workspace_size(b, &ws_bytes);
-  if (!st.ok()) throw std::runtime_error(st.message());
-  DeviceBuffer ws(ws_bytes);
-  auto check = [](const Status& s) {
-    if (!s.ok()) throw std::runtime_error(s.message());
-  };
-  const double fwd = median_ms([&] { check(attention_forward(f, nullptr)); }, 3, iters);
+  const size_t ws_bytes = p.workspace_bytes;
+  const double fwd = median_ms([&] { p.forward(); }, 3, iters);
   const double both = median_ms(
       [&] {
-        check(attention_forward(f, nullptr));
-        check(attention_backward(b, ws.get(), ws_bytes, nullptr));
+        p.forward();
+        p.backward();
       },
       3, iters);
   cuda_ok(cudaDeviceSynchronize(), "sync");
