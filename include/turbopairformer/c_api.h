@@ -32,6 +32,17 @@ typedef struct tpf_attention_args {
   int32_t compensate; /* output-residual compensation */
 } tpf_attention_args;
 
+/* Weights in tpf::TrimulWeights order: norm_in_weight, norm_in_bias, p_in_weight, p_in_bias,
+ * g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias,
+ * g_out_weight, g_out_bias. */
+#define TPF_TRIMUL_WEIGHTS 12
+typedef struct tpf_trimul_args {
+  tpf_tensor z, mask, out, dout, dz;
+  tpf_tensor w[TPF_TRIMUL_WEIGHTS], dw[TPF_TRIMUL_WEIGHTS];
+  int32_t direction; /* 0 outgoing, 1 incoming */
+  double eps;
+} tpf_trimul_args;
+
 /* on_gpu = 0 runs the FP64 CPU reference on host tensors; 1 the CUDA kernels on `stream`. */
 TPF_C_API int tpf_attention_forward(const tpf_attention_args* a, int32_t on_gpu, void* stream, char* err,
                           size_t err_len);
@@ -39,6 +50,10 @@ TPF_C_API int tpf_attention_backward_workspace_size(const tpf_attention_args* a,
                                           size_t err_len);
 TPF_C_API int tpf_attention_backward(const tpf_attention_args* a, int32_t on_gpu, void* workspace,
                            size_t workspace_bytes, void* stream, char* err, size_t err_len);
+TPF_C_API int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
+                                 size_t err_len);
+TPF_C_API int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
+                                  size_t err_len);
 TPF_C_API const char* tpf_version(void);
 
 #ifdef __cplusplus

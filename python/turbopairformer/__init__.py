@@ -6,8 +6,12 @@
 """
 from ._native import LIBRARY_PATH, version
 from .attention import triangle_attention
-from .modules import TriangleAttention, TriangleAttentionEndingNode, TriangleAttentionStartingNode
+from .modules import (TriangleAttention, TriangleAttentionEndingNode, TriangleAttentionStartingNode,
+                      TriangleMultiplicativeUpdate, TriangleMultiplicativeUpdateIncoming)
+from .trimul import triangle_multiplicative_update
 
 __version__ = "0.1.0"
-__all__ = ["triangle_attention", "TriangleAttention", "TriangleAttentionStartingNode",
-           "TriangleAttentionEndingNode", "version", "LIBRARY_PATH"]
+__all__ = ["triangle_attention", "triangle_multiplicative_update", "TriangleAttention",
+           "TriangleAttentionStartingNode", "TriangleAttentionEndingNode",
+           "TriangleMultiplicativeUpdate", "TriangleMultiplicativeUpdateIncoming", "version",
+           "LIBRARY_PATH"]

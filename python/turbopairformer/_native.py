@@ -32,6 +32,18 @@ class TpfAttentionArgs(ctypes.Structure):
     ]
 
 
+TRIMUL_WEIGHTS = ("norm_in_weight", "norm_in_bias", "p_in_weight", "p_in_bias", "g_in_weight",
+                  "g_in_bias", "norm_out_weight", "norm_out_bias", "p_out_weight", "p_out_bias",
+                  "g_out_weight", "g_out_bias")
+
+
+class TpfTrimulArgs(ctypes.Structure):
+    _fields_ = [("z", TpfTensor), ("mask", TpfTensor), ("out", TpfTensor), ("dout", TpfTensor),
+                ("dz", TpfTensor), ("w", TpfTensor * len(TRIMUL_WEIGHTS)),
+                ("dw", TpfTensor * len(TRIMUL_WEIGHTS)), ("direction", ctypes.c_int32),
+                ("eps", ctypes.c_double)]
+
+
 def _candidates():
     env = os.environ.get("TPF_LIBRARY")
     if env:
@@ -58,8 +70,11 @@ def _load():
     lib.tpf_attention_backward_workspace_size.argtypes = (args, ctypes.POINTER(ctypes.c_size_t)) + err
     lib.tpf_attention_backward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
                                            ctypes.c_void_p) + err
+    targs = ctypes.POINTER(TpfTrimulArgs)
+    lib.tpf_trimul_forward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_trimul_backward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p) + err
     for f in (lib.tpf_attention_forward, lib.tpf_attention_backward_workspace_size,
-              lib.tpf_attention_backward):
+              lib.tpf_attention_backward, lib.tpf_trimul_forward, lib.tpf_trimul_backward):
         f.restype = ctypes.c_int
     lib.tpf_version.restype = ctypes.c_char_p
     return lib, path

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .attention import triangle_attention
+from .trimul import triangle_multiplicative_update
 
 
 class _GatedAttentionProjections(nn.Module):
@@ -75,3 +76,44 @@ class TriangleAttentionEndingNode(TriangleAttention):
     def __init__(self, c_in: int, c_hidden: int, no_heads: int, inf: float = 1e9,
                  compensate: bool = True):
         super().__init__(c_in, c_hidden, no_heads, starting=False, inf=inf, compensate=compensate)
+
+
+class TriangleMultiplicativeUpdate(nn.Module):
+    """AF3 Algorithms 12 (outgoing) and 13 (incoming) on a pair tensor z: [*, N, N, c_z], with
+    OpenFold3's parameter names (linear_a_p, linear_a_g, linear_b_p, linear_b_g, linear_g,
+    linear_z, layer_norm_in, layer_norm_out), so its checkpoints load unchanged.
+    mask: [*, N, N], applied to the projections a and b."""
+
+    def __init__(self, c_z: int, c_hidden: int, outgoing: bool = True, eps: float = 1e-5):
+        super().__init__()
+        self.c_z, self.c_hidden, self.outgoing, self.eps = c_z, c_hidden, outgoing, eps
+        self.linear_a_p = nn.Linear(c_z, c_hidden)
+        self.linear_a_g = nn.Linear(c_z, c_hidden)
+        self.linear_b_p = nn.Linear(c_z, c_hidden)
+        self.linear_b_g = nn.Linear(c_z, c_hidden)
+        self.linear_g = nn.Linear(c_z, c_z)
+        self.linear_z = nn.Linear(c_hidden, c_z)
+        self.layer_norm_in = nn.LayerNorm(c_z, eps=eps)
+        self.layer_norm_out = nn.LayerNorm(c_hidden, eps=eps)
+
+    def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        lead = z.shape[:-3]
+        z = z.reshape(-1, *z.shape[-3:])
+        if mask is not None:
+            mask = mask.reshape(-1, *mask.shape[-2:])
+        out = triangle_multiplicative_update(
+            z, "outgoing" if self.outgoing else "incoming", mask,
+            norm_in_weight=self.layer_norm_in.weight, norm_in_bias=self.layer_norm_in.bias,
+            p_in_weight=torch.cat([self.linear_a_p.weight, self.linear_b_p.weight]),
+            p_in_bias=torch.cat([self.linear_a_p.bias, self.linear_b_p.bias]),
+            g_in_weight=torch.cat([self.linear_a_g.weight, self.linear_b_g.weight]),
+            g_in_bias=torch.cat([self.linear_a_g.bias, self.linear_b_g.bias]),
+            norm_out_weight=self.layer_norm_out.weight, norm_out_bias=self.layer_norm_out.bias,
+            p_out_weight=self.linear_z.weight, p_out_bias=self.linear_z.bias,
+            g_out_weight=self.linear_g.weight, g_out_bias=self.linear_g.bias, eps=self.eps)
+        return out.reshape(*lead, *out.shape[-3:])
+
+
+class TriangleMultiplicativeUpdateIncoming(TriangleMultiplicativeUpdate):
+    def __init__(self, c_z: int, c_hidden: int, eps: float = 1e-5):
+        super().__init__(c_z, c_hidden, outgoing=False, eps=eps)

@@ -61,9 +61,50 @@ tpf::AttentionBackwardParams backward_params(const tpf_attention_args& a) {
   return p;
 }
 
+tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
+  tpf::TrimulWeights t;
+  tpf::TensorView* f[TPF_TRIMUL_WEIGHTS] = {
+      &t.norm_in_weight, &t.norm_in_bias,    &t.p_in_weight,   &t.p_in_bias,
+      &t.g_in_weight,    &t.g_in_bias,       &t.norm_out_weight, &t.norm_out_bias,
+      &t.p_out_weight,   &t.p_out_bias,      &t.g_out_weight,  &t.g_out_bias};
+  for (int i = 0; i < TPF_TRIMUL_WEIGHTS; ++i) *f[i] = view(w[i]);
+  return t;
+}
+
+tpf::TrimulForwardParams trimul_forward_params(const tpf_trimul_args& a) {
+  tpf::TrimulForwardParams p;
+  p.z = view(a.z);
+  p.mask = view(a.mask);
+  p.w = trimul_weights(a.w);
+  p.direction = static_cast<tpf::TrimulDirection>(a.direction);
+  p.eps = a.eps;
+  p.out = view(a.out);
+  return p;
+}
+
 }  // namespace
 
 extern "C" {
+
+int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
+                       size_t err_len) {
+  const auto p = trimul_forward_params(*a);
+  return report(on_gpu ? tpf::trimul_forward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::trimul_forward(p),
+                err, err_len);
+}
+
+int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
+                        size_t err_len) {
+  tpf::TrimulBackwardParams p;
+  p.fwd = trimul_forward_params(*a);
+  p.dout = view(a->dout);
+  p.dz = view(a->dz);
+  p.dw = trimul_weights(a->dw);
+  return report(on_gpu ? tpf::trimul_backward(p, nullptr, 0, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::trimul_backward(p),
+                err, err_len);
+}
 
 int tpf_attention_forward(const tpf_attention_args* a, int32_t on_gpu, void* stream, char* err,
                           size_t err_len) {

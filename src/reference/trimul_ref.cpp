@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cuda_check.h"
 #include "common/host_dtype.h"
 #include "common/parallel.h"
 #include "turbopairformer/reference.h"
@@ -179,8 +180,18 @@ Activations forward_one(const TrimulForwardParams& p, const Weights& w, const Di
 
 }  // namespace
 
+static Status check_host(const char* op, const TensorView& z, const TensorView& mask,
+                  const TrimulWeights& w) {
+  return detail::check_host_pointers(
+      op, {{"z", z.data}, {"mask", mask.data}, {"norm_in_weight", w.norm_in_weight.data},
+           {"p_in_weight", w.p_in_weight.data}, {"g_in_weight", w.g_in_weight.data},
+           {"norm_out_weight", w.norm_out_weight.data}, {"p_out_weight", w.p_out_weight.data},
+           {"g_out_weight", w.g_out_weight.data}});
+}
+
 Status trimul_forward(const TrimulForwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_trimul_forward(p, /*for_gpu=*/false));
+  TPF_RETURN_IF_ERROR(check_host("triangle_multiplicative_update", p.z, p.mask, p.w));
   const Dims d{p.z.shape[0], p.z.shape[1], p.z.shape[3], p.w.p_in_weight.shape[0] / 2};
   const Weights w = read_weights(p.w, d);
   for (int64_t batch = 0; batch < d.B; ++batch) {
@@ -197,6 +208,7 @@ Status trimul_forward(const TrimulForwardParams& p) {
 
 Status trimul_backward(const TrimulBackwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_trimul_backward(p, /*for_gpu=*/false));
+  TPF_RETURN_IF_ERROR(check_host("triangle_multiplicative_update_backward", p.fwd.z, p.fwd.mask, p.fwd.w));
   const TrimulForwardParams& f = p.fwd;
   const Dims d{f.z.shape[0], f.z.shape[1], f.z.shape[3], f.w.p_in_weight.shape[0] / 2};
   const int64_t N = d.N, C = d.C, Ch = d.Ch, P = N * N;

@@ -49,3 +49,31 @@ class OpenFold3TriangleAttention(torch.nn.Module):
         o = o * torch.sigmoid(self.mha.linear_g(x)).view(o.shape)
         o = self.mha.linear_o(o.reshape(*o.shape[:-2], -1))
         return o.transpose(-2, -3) if not self.starting else o
+
+
+class OpenFold3TriangleMultiplicativeUpdate(torch.nn.Module):
+    """OpenFold3's TriangleMultiplicativeUpdate written out in plain PyTorch (same names)."""
+
+    def __init__(self, c_z, c_hidden, outgoing=True):
+        super().__init__()
+        self.outgoing = outgoing
+        for name in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g"):
+            setattr(self, name, torch.nn.Linear(c_z, c_hidden))
+        self.linear_g = torch.nn.Linear(c_z, c_z)
+        self.linear_z = torch.nn.Linear(c_hidden, c_z)
+        self.layer_norm_in = torch.nn.LayerNorm(c_z)
+        self.layer_norm_out = torch.nn.LayerNorm(c_hidden)
+
+    def forward(self, z, mask=None):
+        if mask is None:
+            mask = z.new_ones(z.shape[:-1])
+        mask = mask.unsqueeze(-1)
+        z = self.layer_norm_in(z)
+        a = mask * torch.sigmoid(self.linear_a_g(z)) * self.linear_a_p(z)
+        b = mask * torch.sigmoid(self.linear_b_g(z)) * self.linear_b_p(z)
+        if self.outgoing:
+            x = torch.einsum("...ikc,...jkc->...ijc", a, b)
+        else:
+            x = torch.einsum("...kic,...kjc->...ijc", a, b)
+        x = self.linear_z(self.layer_norm_out(x))
+        return x * torch.sigmoid(self.linear_g(z))

@@ -1,0 +1,118 @@
+"""The triangle multiplicative update (AF3 Algorithms 12 and 13) as torch.library custom ops,
+argument-compatible with cuequivariance_torch.triangle_multiplicative_update.
+
+CPU tensors run the FP64 reference (exact, slow). The fused CUDA kernels are not built yet:
+CUDA tensors raise NotImplementedError naming what to do instead.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import _native
+from .attention import _nullcontext, _stream, _tensor
+
+_DIRECTIONS = {"outgoing": 0, "incoming": 1}
+
+
+def _args(x, mask, weights, direction, eps, **extra) -> _native.TpfTrimulArgs:
+    a = _native.TpfTrimulArgs()
+    a.z = _tensor(x, "z")  # the pair tensor: named z in the core's messages
+    a.mask = _tensor(mask, "mask")
+    for name, t in extra.items():
+        if name == "dw":
+            for i, g in enumerate(t):
+                a.dw[i] = _tensor(g, "d_" + _native.TRIMUL_WEIGHTS[i])
+        else:
+            setattr(a, name, _tensor(t, name))
+    for i, w in enumerate(weights):
+        a.w[i] = _tensor(w, _native.TRIMUL_WEIGHTS[i])
+    a.direction = direction
+    a.eps = eps
+    return a
+
+
+def _call(fn, a, x):
+    err = _native.error_buffer()
+    with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
+        _native.check(fn(ctypes.byref(a), int(x.is_cuda), _stream(x), err, len(err)), err)
+
+
+# The twelve weights are separate optional arguments (not a list): the schema then says exactly
+# which gradient belongs to which input. Order: norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias.
+@torch.library.custom_op("turbopairformer::trimul_fwd", mutates_args=())
+def _trimul_fwd(x: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: Optional[torch.Tensor], norm_in_bias: Optional[torch.Tensor], p_in_weight: Optional[torch.Tensor], p_in_bias: Optional[torch.Tensor], g_in_weight: Optional[torch.Tensor], g_in_bias: Optional[torch.Tensor], norm_out_weight: Optional[torch.Tensor], norm_out_bias: Optional[torch.Tensor], p_out_weight: Optional[torch.Tensor], p_out_bias: Optional[torch.Tensor], g_out_weight: Optional[torch.Tensor], g_out_bias: Optional[torch.Tensor],
+                direction: int, eps: float) -> torch.Tensor:
+    weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _call(_native.LIB.tpf_trimul_forward, _args(x, mask, weights, direction, eps, out=out), x)
+    return out
+
+
+@_trimul_fwd.register_fake
+def _(x, mask, norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias, direction, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("turbopairformer::trimul_bwd", mutates_args=())
+def _trimul_bwd(dout: torch.Tensor, x: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: Optional[torch.Tensor], norm_in_bias: Optional[torch.Tensor], p_in_weight: Optional[torch.Tensor], p_in_bias: Optional[torch.Tensor], g_in_weight: Optional[torch.Tensor], g_in_bias: Optional[torch.Tensor], norm_out_weight: Optional[torch.Tensor], norm_out_bias: Optional[torch.Tensor], p_out_weight: Optional[torch.Tensor], p_out_bias: Optional[torch.Tensor], g_out_weight: Optional[torch.Tensor], g_out_bias: Optional[torch.Tensor],
+                direction: int, eps: float) -> list[torch.Tensor]:
+    weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
+    dout = dout.contiguous()
+    dz = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dw = [torch.empty_like(w) if w is not None else None for w in weights]
+    _call(_native.LIB.tpf_trimul_backward,
+          _args(x, mask, weights, direction, eps, dout=dout, dz=dz, dw=dw), x)
+    # absent weights get an empty placeholder (a custom op returns tensors only)
+    return [dz] + [g if g is not None else x.new_empty(0) for g in dw]
+
+
+@_trimul_bwd.register_fake
+def _(dout, x, mask, norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias, direction, eps):
+    weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
+    return [torch.empty_like(x, memory_format=torch.contiguous_format)] + [
+        torch.empty_like(w) if w is not None else x.new_empty(0) for w in weights]
+
+
+def _setup_context(ctx, inputs, output):
+    x, mask, *weights, direction, eps = inputs
+    ctx.save_for_backward(x, mask, *weights)
+    ctx.direction, ctx.eps = direction, eps
+
+
+def _backward(ctx, dout):
+    x, mask, *weights = ctx.saved_tensors
+    dz, *dw = _trimul_bwd(dout, x, mask, *weights, ctx.direction, ctx.eps)
+    grads = [g if w is not None else None for g, w in zip(dw, weights)]
+    return (dz, None, *grads, None, None)
+
+
+torch.library.register_autograd("turbopairformer::trimul_fwd", _backward,
+                                setup_context=_setup_context)
+
+
+def triangle_multiplicative_update(
+        x: torch.Tensor, direction: str = "outgoing", mask: Optional[torch.Tensor] = None,
+        norm_in_weight: Optional[torch.Tensor] = None, norm_in_bias: Optional[torch.Tensor] = None,
+        p_in_weight: Optional[torch.Tensor] = None, p_in_bias: Optional[torch.Tensor] = None,
+        g_in_weight: Optional[torch.Tensor] = None, g_in_bias: Optional[torch.Tensor] = None,
+        norm_out_weight: Optional[torch.Tensor] = None, norm_out_bias: Optional[torch.Tensor] = None,
+        p_out_weight: Optional[torch.Tensor] = None, p_out_bias: Optional[torch.Tensor] = None,
+        g_out_weight: Optional[torch.Tensor] = None, g_out_bias: Optional[torch.Tensor] = None,
+        eps: float = 1e-5) -> torch.Tensor:
+    """Triangle multiplicative update (DESIGN.md section 2), cuEquivariance's weight packing:
+    p_in_weight = [Wap; Wbp] (2Ch x C), g_in_weight = [Wag; Wbg], p_out_weight = Wz (C x Ch),
+    g_out_weight = Wg (C x C); biases optional. x: [B, N, N, C] or [N, N, C]; mask: [B, N, N]."""
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"turbopairformer: argument 'direction': expected 'outgoing' or "
+                         f"'incoming', got {direction!r}")
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+        mask = mask.unsqueeze(0) if mask is not None else None
+    weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias,
+               norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
+    out = _trimul_fwd(x, mask, *weights, _DIRECTIONS[direction], float(eps))
+    return out.squeeze(0) if unbatched else out

@@ -1,0 +1,113 @@
+"""turbopairformer.triangle_multiplicative_update and the TriangleMultiplicativeUpdate module:
+OpenFold3 names, equivalence with a plain-PyTorch OpenFold3-style module, errors, opcheck."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
+
+import turbopairformer as tpf
+from conftest import requires_gpu
+from reference import OpenFold3TriangleMultiplicativeUpdate
+
+OPENFOLD3_KEYS = {f"{n}.{p}" for n in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g",
+                                       "linear_g", "linear_z", "layer_norm_in", "layer_norm_out")
+                  for p in ("weight", "bias")}
+
+
+def inputs(B=2, N=6, C=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(B, N, N, C, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, N, N, generator=g) < 0.8).double()
+    return z, mask
+
+
+def test_state_dict_keys_match_openfold3():
+    assert set(tpf.TriangleMultiplicativeUpdate(8, 4).state_dict()) == OPENFOLD3_KEYS
+
+
+@pytest.mark.parametrize("outgoing", [True, False])
+def test_matches_openfold3_module_on_cpu(outgoing):
+    torch.manual_seed(3)
+    ref = OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double()
+    for p in ref.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    ours = tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double()
+    ours.load_state_dict(ref.state_dict())
+    z, mask = inputs()
+    zr, zo = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    yr, yo = ref(zr, mask), ours(zo, mask)
+    assert torch.allclose(yr, yo, atol=1e-10)
+    g = torch.randn_like(yr)
+    yr.backward(g)
+    yo.backward(g)
+    assert torch.allclose(zr.grad, zo.grad, atol=1e-9)
+    ref_grads = dict(ref.named_parameters())
+    for n, p in ours.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[n].grad, atol=1e-9), n
+
+
+def test_unbatched_input_and_absent_biases():
+    z, mask = inputs(B=1)
+    C, Ch = 5, 3
+    g = torch.Generator().manual_seed(1)
+    w = dict(norm_in_weight=torch.ones(C, dtype=torch.float64), norm_in_bias=torch.zeros(C, dtype=torch.float64),
+             p_in_weight=torch.randn(2 * Ch, C, generator=g, dtype=torch.float64),
+             g_in_weight=torch.randn(2 * Ch, C, generator=g, dtype=torch.float64),
+             norm_out_weight=torch.ones(Ch, dtype=torch.float64), norm_out_bias=torch.zeros(Ch, dtype=torch.float64),
+             p_out_weight=torch.randn(C, Ch, generator=g, dtype=torch.float64),
+             g_out_weight=torch.randn(C, C, generator=g, dtype=torch.float64))
+    batched = tpf.triangle_multiplicative_update(z, "incoming", mask, **w)
+    single = tpf.triangle_multiplicative_update(z[0], "incoming", mask[0], **w)
+    zero_bias = tpf.triangle_multiplicative_update(z, "incoming", mask, p_in_bias=torch.zeros(2 * Ch, dtype=torch.float64), **w)
+    assert torch.equal(batched[0], single)
+    assert torch.equal(batched, zero_bias)
+
+
+@pytest.mark.parametrize("case, exc, word", [
+    ("direction", ValueError, "'direction'"),
+    ("missing_p_in", ValueError, "'p_in_weight'"),
+    ("odd_p_in", ValueError, "'p_in_weight'"),
+    ("int_input", TypeError, "'z'"),
+    ("not_square", ValueError, "'z'"),
+])
+def test_bad_input_names_the_argument(case, exc, word):
+    m = tpf.TriangleMultiplicativeUpdate(5, 3).double()
+    z, mask = inputs()
+    w = dict(norm_in_weight=m.layer_norm_in.weight, norm_in_bias=m.layer_norm_in.bias,
+             p_in_weight=torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]),
+             g_in_weight=torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]),
+             norm_out_weight=m.layer_norm_out.weight, norm_out_bias=m.layer_norm_out.bias,
+             p_out_weight=m.linear_z.weight, g_out_weight=m.linear_g.weight)
+    direction = "outgoing"
+    if case == "direction":
+        direction = "sideways"
+    elif case == "missing_p_in":
+        del w["p_in_weight"]
+    elif case == "odd_p_in":
+        w["p_in_weight"] = w["p_in_weight"][:5]
+    elif case == "int_input":
+        z = z.to(torch.int32)
+    elif case == "not_square":
+        z = z[:, :, :4]
+        mask = mask[:, :, :4]
+    with pytest.raises(exc, match=word):
+        tpf.triangle_multiplicative_update(z, direction, mask, **w)
+
+
+def test_opcheck_cpu():
+    m = tpf.TriangleMultiplicativeUpdate(4, 3).double()
+    z, mask = inputs(B=1, N=4, C=4)
+    weights = [m.layer_norm_in.weight, m.layer_norm_in.bias,
+               torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True), None,
+               torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True), None,
+               m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
+               m.linear_g.weight, None]
+    torch.library.opcheck(torch.ops.turbopairformer.trimul_fwd.default,
+                          (z.requires_grad_(True), mask, *weights, 0, 1e-5))
+
+
+@requires_gpu
+def test_cuda_tensors_say_the_kernels_are_not_built_yet():
+    m = tpf.TriangleMultiplicativeUpdate(32, 32).cuda().bfloat16()
+    z = torch.randn(1, 8, 8, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="not built"):
+        m(z)
