@@ -1,0 +1,356 @@
+"""Benchmark report: turbopairformer against the alternatives a user runs today.
+
+    python -m turbopairformer.bench [--n 128,256,...] [--d 16,32] [--out DIR] [--quick]
+
+Times forward and forward+backward (median of CUDA-event-timed calls after warm-up, inputs
+rotated among three sets so that L2 does not serve them), peak memory, relative RMSE against
+FP64 at one size and bitwise determinism of the gradients over 5 calls, for triangle attention
+(B=1, H=4, S=N, bf16, 20% of keys masked) and the multiplicative update (C=128). Each
+alternative runs in its own native layout, converted once outside the timed region; one that
+fails or runs out of memory gets that written in its row and the run goes on. Writes
+report.json, report.md and PNG plots into DIR (default bench/results/<gpu>/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+H = 4
+KEEP = 0.8
+
+
+# ----------------------------------------------------------------------------- attention backends
+def _eager_attention(q, k, v, bias, mask):  # [B,S,H,N,D]; scores in fp32 like OpenFold3's default
+    s = torch.einsum("bshqd,bshkd->bshqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    s = s + bias.float() + (~mask).float() * -1e9
+    return torch.einsum("bshqk,bshkd->bshqd", torch.softmax(s, -1).to(v.dtype), v)
+
+
+def _sdpa_attention(q, k, v, bias, mask):
+    attn = (bias + (~mask).to(bias.dtype) * -1e9)  # broadcast to [B,S,H,N,N]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn)
+
+
+_SAME = (lambda x: x, lambda b: b)  # our layout already: [B,S,H,N,D] and bias [B,1,H,N,N]
+
+
+def attention_backends():
+    """name -> (prepare(q,k,v,bias,mask) -> args in the backend's native layout,
+    fn(*args) -> out, (to_ours(q-like), to_ours(bias-like))), or a reason it is unavailable."""
+    import turbopairformer as tpf
+    b = {
+        "turbopairformer": (lambda *a: a, lambda q, k, v, bias, mask: tpf.triangle_attention(q, k, v, bias, mask), _SAME),
+        "pytorch_eager": (lambda *a: a, _eager_attention, _SAME),
+        "pytorch_sdpa": (lambda *a: a, _sdpa_attention, _SAME),
+    }
+    try:
+        import cuequivariance_torch as cueq
+        b["cuequivariance"] = (lambda *a: a, lambda q, k, v, bias, mask: cueq.triangle_attention(q, k, v, bias, mask=mask), _SAME)
+    except Exception:
+        b["cuequivariance"] = "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+    try:
+        from trifast import triangle_attention as trifast_attention
+        def prep(q, k, v, bias, mask):  # q, k, v [B,H,S,N,D]; bias [B,H,N,N]; mask True = masked
+            t = lambda x: x.permute(0, 2, 1, 3, 4).contiguous()
+            return t(q), t(k), t(v), bias[:, 0].contiguous(), (~mask[:, :, 0, 0]).contiguous()
+        b["trifast"] = (prep, lambda q, k, v, bias, mask: trifast_attention(q, k, v, bias, mask),
+                        (lambda x: x.permute(0, 2, 1, 3, 4), lambda g: g.unsqueeze(1)))
+    except Exception:
+        b["trifast"] = "not installed: pip install trifast"
+    try:
+        from deepspeed.ops.deepspeed4science import DS4Sci_EvoformerAttention
+        def prep_ds(q, k, v, bias, mask):
+            t = lambda x: x.transpose(2, 3).contiguous()  # [B,S,N,H,D]
+            return t(q), t(k), t(v), bias, ((~mask).to(q.dtype) * -1e9).contiguous()
+        b["deepspeed_evoformer"] = (prep_ds, lambda q, k, v, bias, mb: DS4Sci_EvoformerAttention(q, k, v, [mb, bias]),
+                                    (lambda x: x.transpose(2, 3), lambda g: g))
+    except Exception:
+        b["deepspeed_evoformer"] = "not installed: pip install deepspeed (with the Evoformer op built)"
+    try:
+        from openfold3.core.kernels.triton.evoformer import TritonEvoformer  # noqa: F401
+        b["openfold3_triton"] = "installed, but its call convention is not wired up in this report yet"
+    except Exception:
+        b["openfold3_triton"] = "not installed: pip install openfold3"
+    return b
+
+
+def attention_inputs(N, D, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v, dout = (torch.randn(1, N, H, N, D, device=device, generator=g).bfloat16() for _ in range(4))
+    bias = torch.randn(1, 1, H, N, N, device=device, generator=g).bfloat16()
+    mask = torch.rand(1, N, 1, 1, N, device=device, generator=g) < KEEP
+    return q, k, v, bias, mask, dout
+
+
+# ------------------------------------------------------------------------------- trimul backends
+def trimul_backends():
+    import turbopairformer as tpf
+    def make(compile_):
+        def build(C):
+            from torch import nn
+            class Eager(nn.Module):  # AF3 Algorithm 12, plain PyTorch
+                def __init__(self):
+                    super().__init__()
+                    self.ln_in, self.ln_out = nn.LayerNorm(C), nn.LayerNorm(C)
+                    self.p, self.g, self.z, self.go = nn.Linear(C, 2 * C), nn.Linear(C, 2 * C), nn.Linear(C, C), nn.Linear(C, C)
+                def forward(self, x, mask):
+                    x = self.ln_in(x)
+                    ab = torch.sigmoid(self.g(x)) * self.p(x) * mask[..., None]
+                    a, b = ab.chunk(2, -1)
+                    y = torch.einsum("bikc,bjkc->bijc", a, b)
+                    return torch.sigmoid(self.go(x)) * self.z(self.ln_out(y))
+            m = Eager().cuda().bfloat16()
+            return torch.compile(m) if compile_ else m
+        return build
+    return {
+        "turbopairformer": lambda C: tpf.TriangleMultiplicativeUpdate(C, C).cuda().bfloat16(),
+        "pytorch_eager": make(False),
+        "torch_compile": make(True),
+    }
+
+
+# --------------------------------------------------------------------------------- measurement
+def median_ms(fn, sets, warmup=3, iters=15):
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        args = sets[i % len(sets)]
+        a.record()
+        fn(*args)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure(fwd, grad_inputs_of, sets):
+    """fwd(*args) -> out; grad_inputs_of(args) -> tensors to differentiate."""
+    def fb(*args):
+        out = fwd(*args)
+        torch.autograd.grad(out, grad_inputs_of(args), sets_dout[id(args)], allow_unused=True)
+    sets_dout = {}
+    for s in sets:
+        with torch.no_grad():
+            sets_dout[id(s)] = torch.randn_like(fwd(*s))
+    with torch.no_grad():
+        t_f = median_ms(lambda *a: fwd(*a), sets)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t_fb = median_ms(fb, sets)
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return t_f, t_fb, peak
+
+
+def rel(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item() if ref.norm() > 0 else float("nan")
+
+
+# ------------------------------------------------------------------------------------- driver
+def run_attention(backends, Ns, Ds, accuracy_n, progress, rows, save):
+    for name, b in backends.items():
+        for D in Ds:
+            for N in Ns:
+                progress(f"attention {name} N={N} D={D}")
+                row = {"op": "triangle_attention", "backend": name, "N": N, "D": D}
+                rows.append(row)
+                if isinstance(b, str):
+                    row["status"] = b
+                    continue
+                prep, fn, to_ours = b
+                try:
+                    sets = []
+                    for seed in range(3):
+                        q, k, v, bias, mask, _ = attention_inputs(N, D, seed)
+                        args = list(prep(q, k, v, bias, mask))
+                        for i in range(4):
+                            args[i] = args[i].detach().requires_grad_(True)
+                        sets.append(tuple(args))
+                    row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(fn, lambda a: a[:4], sets)
+                    if N == accuracy_n:
+                        row.update(attention_accuracy(prep, fn, to_ours, N, D))
+                    row["status"] = "ok"
+                except torch.cuda.OutOfMemoryError:
+                    row["status"] = "out of memory"
+                except Exception as e:  # noqa: BLE001 - the report records any failure
+                    row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                finally:
+                    sets = None
+                    torch.cuda.empty_cache()
+                    save()
+
+
+def attention_accuracy(prep, fn, to_ours, N, D):
+    q, k, v, bias, mask, dout = attention_inputs(N, D, 99)
+    ins = [t.double().requires_grad_(True) for t in (q, k, v, bias)]
+    s = torch.einsum("bshqd,bshkd->bshqk", ins[0], ins[1]) / math.sqrt(D) + ins[3]
+    s = s.masked_fill(~mask, float("-inf"))
+    ref = torch.einsum("bshqk,bshkd->bshqd", torch.softmax(s, -1).nan_to_num(0.0), ins[2])
+    ref_grads = torch.autograd.grad(ref, ins, dout.double())
+    grads_runs = []
+    for _ in range(5):
+        args = list(prep(q, k, v, bias, mask))
+        leaves = [args[i].detach().requires_grad_(True) for i in range(4)]
+        out = fn(*leaves, *args[4:])
+        grads_runs.append(torch.autograd.grad(out, leaves, _native_layout_like(dout, prep, q, k, v, bias, mask), allow_unused=True))
+    with torch.no_grad():
+        out = to_ours[0](fn(*prep(q, k, v, bias, mask)))
+    det = all(all(torch.equal(a, b) for a, b in zip(r, grads_runs[0]) if a is not None) for r in grads_runs[1:])
+    res = {"deterministic_5_calls": det, "rmse_out": rel(out, ref.detach())}
+    for n, g, r, conv in zip(("dq", "dk", "dv", "dbias"), grads_runs[0], ref_grads,
+                             (to_ours[0],) * 3 + (to_ours[1],)):
+        if g is not None:
+            res[f"rmse_{n}"] = rel(conv(g), r)
+    return res
+
+
+def _native_layout_like(dout, prep, q, k, v, bias, mask):
+    return prep(dout, k, v, bias, mask)[0]
+
+
+def run_trimul(backends, Ns, progress, rows, save, C=128):
+    for name, build in backends.items():
+        for N in Ns:
+            progress(f"trimul {name} N={N}")
+            row = {"op": "triangle_multiplicative_update", "backend": name, "N": N, "C": C}
+            rows.append(row)
+            try:
+                m = build(C)
+                sets = []
+                for seed in range(3):
+                    g = torch.Generator(device="cuda").manual_seed(seed)
+                    x = torch.randn(1, N, N, C, device="cuda", generator=g).bfloat16().requires_grad_(True)
+                    mask = (torch.rand(1, N, N, device="cuda", generator=g) < 0.9).bfloat16()
+                    sets.append((x, mask))
+                row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(m, lambda a: a[:1], sets)
+                row["status"] = "ok"
+            except NotImplementedError:
+                row["status"] = "not implemented on CUDA yet (issue 5)"
+            except torch.cuda.OutOfMemoryError:
+                row["status"] = "out of memory"
+            except Exception as e:  # noqa: BLE001
+                row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            finally:
+                torch.cuda.empty_cache()
+                save()
+
+
+def write_report(rows, out_dir: Path, gpu: str, plots: bool = True):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "rows": rows}, indent=1))
+    lines = [f"# Pairformer kernels on {gpu}", "",
+             "![triangle attention](triangle_attention.png)", "",
+             f"PyTorch {torch.__version__}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
+             "Multiplicative update: C=128, bf16. Median ms of CUDA-event-timed calls; peak memory "
+             "of forward+backward above the inputs. Made by `python -m turbopairformer.bench`.", ""]
+    for op in ("triangle_attention", "triangle_multiplicative_update"):
+        sub = [r for r in rows if r["op"] == op]
+        if not sub:
+            continue
+        lines += [f"## {op}", "", "| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, dq) | deterministic | status |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in sub:
+            f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "—"
+            acc = f"{f('rmse_out', '{:.2e}')}, {f('rmse_dq', '{:.2e}')}" if "rmse_out" in r else "—"
+            det = {True: "yes", False: "NO"}.get(r.get("deterministic_5_calls"), "—")
+            lines.append(f"| {r['backend']} | {r['N']} | {r.get('D', '—')} | {f('fwd_ms')} | {f('fwd_bwd_ms')} | "
+                         f"{f('peak_mib', '{:.0f}')} | {acc} | {det} | {r['status']} |")
+        lines.append("")
+    (out_dir / "report.md").write_text("\n".join(lines))
+    if not plots:
+        return
+    try:
+        plot(rows, out_dir)
+    except Exception as e:  # noqa: BLE001 - plots are optional (matplotlib)
+        print(f"plots skipped: {e}", file=sys.stderr)
+
+
+def plot(rows, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [r for r in rows if r["status"] == "ok"]
+    for op, key in (("triangle_attention", "D"), ("triangle_multiplicative_update", "C")):
+        sub = [r for r in ok if r["op"] == op]
+        if not sub:
+            continue
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        for (backend, kv) in sorted({(r["backend"], r.get(key)) for r in sub}):
+            pts = sorted((r["N"], r) for r in sub if r["backend"] == backend and r.get(key) == kv)
+            Ns = [n for n, _ in pts]
+            label = f"{backend} {key}={kv}"
+            axes[0].plot(Ns, [r["fwd_bwd_ms"] for _, r in pts], "o-", label=label)
+            ours = {r["N"]: r for r in sub if r["backend"] == "turbopairformer" and r.get(key) == kv}
+            sp = [(n, r["fwd_bwd_ms"] / ours[n]["fwd_bwd_ms"]) for n, r in pts if n in ours]
+            if sp and backend != "turbopairformer":
+                axes[1].plot([n for n, _ in sp], [s for _, s in sp], "o-", label=label)
+            axes[2].plot(Ns, [r["peak_mib"] for _, r in pts], "o-", label=label)
+        for ax, title in zip(axes, ("forward+backward time (ms)", "our speedup (their time / ours)", "peak memory (MiB)")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("N")
+            ax.set_title(title)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(op)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{op}.png", dpi=110)
+        plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", default="128,256,384,512,640,768,1024,1536,2048")
+    ap.add_argument("--d", default="16,32")
+    ap.add_argument("--trimul-n", default=None, help="N list for the multiplicative update (default: --n)")
+    ap.add_argument("--accuracy-n", type=int, default=256)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--ops", default="attention,trimul")
+    ap.add_argument("--quick", action="store_true", help="N up to 768 only")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
+    gpu = torch.cuda.get_device_name()
+    Ns = [int(x) for x in args.n.split(",")]
+    if args.quick:
+        Ns = [n for n in Ns if n <= 768]
+    Ds = [int(x) for x in args.d.split(",")]
+    tri_Ns = [int(x) for x in args.trimul_n.split(",")] if args.trimul_n else Ns
+    out = Path(args.out) if args.out else Path("bench/results") / re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower())).strip("-")
+    att = attention_backends()
+    tri = trimul_backends()
+    for name, b in att.items():
+        if isinstance(b, str):
+            print(f"skipping {name}: {b}", file=sys.stderr)
+    ops = args.ops.split(",")
+    total = (len(att) * len(Ds) * len(Ns) if "attention" in ops else 0) + (len(tri) * len(tri_Ns) if "trimul" in ops else 0)
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="case")
+        progress = lambda msg: (bar.set_description(msg), bar.update(1))
+    except ImportError:
+        count = [0]
+        def progress(msg):
+            count[0] += 1
+            print(f"[{count[0]}/{total}] {msg}", file=sys.stderr)
+    rows = []
+    save = lambda: write_report(rows, out, gpu, plots=False)  # partial results survive a kill
+    if "attention" in ops:
+        run_attention(att, Ns, Ds, args.accuracy_n, progress, rows, save)
+    if "trimul" in ops:
+        run_trimul(tri, tri_Ns, progress, rows, save)
+    write_report(rows, out, gpu)
+    print(f"report written to {out}/report.md")
+
+
+if __name__ == "__main__":
+    main()
