@@ -137,11 +137,11 @@ def measure(fwd, grad_inputs_of, sets):
     """fwd(*args) -> out; grad_inputs_of(args) -> tensors to differentiate."""
     def fb(*args):
         out = fwd(*args)
-        torch.autograd.grad(out, grad_inputs_of(args), sets_dout[id(args)], allow_unused=True)
-    sets_dout = {}
+        torch.autograd.grad(out, grad_inputs_of(args), sets_dout[id(args[0])], allow_unused=True)
+    sets_dout = {}  # keyed by the first input tensor (fn(*args) repacks the tuple)
     for s in sets:
         with torch.no_grad():
-            sets_dout[id(s)] = torch.randn_like(fwd(*s))
+            sets_dout[id(s[0])] = torch.randn_like(fwd(*s))
     with torch.no_grad():
         t_f = median_ms(lambda *a: fwd(*a), sets)
     torch.cuda.reset_peak_memory_stats()
