@@ -9,6 +9,7 @@ CPU tensors run the FP64 reference (slow, exact), so models can be debugged anyw
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Optional
 
@@ -59,7 +60,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     a = _args(scale, compensate, q=q, k=k, v=v, bias=bias, mask=mask, out=out,
               out_residual=res if compensate else None, lse=lse)
     err = _native.error_buffer()
-    with torch.cuda.device(q.device) if q.is_cuda else _nullcontext():
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _native.check(_native.LIB.tpf_attention_forward(ctypes.byref(a), int(q.is_cuda),
                                                         _stream(q), err, len(err)), err)
     return out, res, lse
@@ -84,7 +85,7 @@ def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
               out_residual=res if compensate else None, lse=lse, dout=dout, dq=dq, dk=dk, dv=dv,
               dbias=dbias if need_dbias else None)
     err = _native.error_buffer()
-    with torch.cuda.device(q.device) if q.is_cuda else _nullcontext():
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         workspace, ws_bytes = None, 0
         if q.is_cuda:
             size = ctypes.c_size_t(0)
@@ -128,14 +129,6 @@ def _backward(ctx, dout, _dres, _dlse):
 
 torch.library.register_autograd("turbopairformer::triangle_attention_fwd", _backward,
                                 setup_context=_setup_context)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _flatten_batch(x: Optional[torch.Tensor], keep: int) -> Optional[torch.Tensor]:

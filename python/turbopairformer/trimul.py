@@ -6,13 +6,14 @@ CUDA tensors raise NotImplementedError naming what to do instead.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Optional
 
 import torch
 
 from . import _native
-from .attention import _nullcontext, _stream, _tensor
+from .attention import _stream, _tensor
 
 _DIRECTIONS = {"outgoing": 0, "incoming": 1}
 
@@ -36,7 +37,7 @@ def _args(x, mask, weights, direction, eps, **extra) -> _native.TpfTrimulArgs:
 
 def _call(fn, a, x):
     err = _native.error_buffer()
-    with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _native.check(fn(ctypes.byref(a), int(x.is_cuda), _stream(x), err, len(err)), err)
 
 

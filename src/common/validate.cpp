@@ -26,10 +26,6 @@ std::string dims_string(std::initializer_list<Dim> dims) {
   return s + "]";
 }
 
-bool is_float_dtype(DType d) {
-  return d == DType::kBF16 || d == DType::kFP16 || d == DType::kFP32 || d == DType::kFP64;
-}
-
 Status Checker::fail(const std::string& arg, const std::string& what, StatusCode code) const {
   return Status(code, std::string("tpf.") + op + ": argument '" + arg + "': " + what);
 }

@@ -39,6 +39,5 @@ struct Checker {
 
 std::string shape_string(const TensorView& t);
 std::string dims_string(std::initializer_list<Dim> dims);
-bool is_float_dtype(DType d);
 
 }  // namespace tpf::detail
