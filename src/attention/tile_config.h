@@ -18,11 +18,11 @@ struct FwdConfig {
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
-// tiles (64 rows at D <= 32, 32 above). A "quad" of 4 warps handles one slice (each warp 16 keys = one MMA M);
-// kSlices quads run side by side on consecutive slices so that one bias tile load serves all
-// of them and their dS tiles are summed in shared memory (fixed order) before the single
-// read-modify-write of the block's private dbias partial: bias reads and dbias traffic shrink
-// by kSlices. kSlices is limited by registers: dK and dV of 16 keys x D stay in registers,
+// tiles (64 rows at D <= 32, 32 above). A "quad" of 4 warps handles one slice (each warp 16
+// keys = one MMA M); kSlices quads run side by side on consecutive slices so that one bias tile
+// load serves all of them and their dS tiles are summed (fixed quad order, each quad finishing
+// its share of the tile) before the single read-modify-write of the block's private dbias
+// partial: bias reads and dbias traffic shrink by kSlices. kSlices is limited by registers: dK and dV of 16 keys x D stay in registers,
 // which at D = 128 fills a thread's budget with one quad per block. At D <= 32, two quads with
 // 64-query steps beat four quads with 32-query steps (which spill at 128 registers) and one quad
 // (twice the dbias traffic): 10.1 vs 11.0 vs 16.2 ms forward+backward at N = 768 (perf-notes v5).
