@@ -1,0 +1,108 @@
+// The C ABI the Python package loads: codes, messages and results match the C++ API.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "testing/attention_problem.h"
+#include "testing/trimul_problem.h"
+#include "turbopairformer/c_api.h"
+
+namespace tpf::test {
+namespace {
+
+tpf_tensor c_tensor(const TensorView& v) {
+  tpf_tensor t{};
+  t.data = v.data;
+  t.dtype = static_cast<int32_t>(v.dtype);
+  t.rank = v.rank;
+  for (int i = 0; i < kMaxRank; ++i) {
+    t.shape[i] = v.shape[i];
+    t.stride[i] = v.stride[i];
+  }
+  return t;
+}
+
+tpf_attention_args c_args(AttnProblem& p) {
+  tpf_attention_args a{};
+  a.q = c_tensor(p.q.view);
+  a.k = c_tensor(p.k.view);
+  a.v = c_tensor(p.v.view);
+  a.bias = c_tensor(p.bias.view);
+  a.mask = c_tensor(p.mask.view);
+  a.out = c_tensor(p.out.view);
+  a.out_residual = c_tensor(p.res.view);
+  a.lse = c_tensor(p.lse.view);
+  a.dout = c_tensor(p.dout.view);
+  a.dq = c_tensor(p.dq.view);
+  a.dk = c_tensor(p.dk.view);
+  a.dv = c_tensor(p.dv.view);
+  a.dbias = c_tensor(p.dbias.view);
+  a.scale = std::nan("");
+  a.compensate = 1;
+  return a;
+}
+
+TEST(CApi, AttentionMatchesTheCppReference) {
+  auto p = AttnProblem::random({1, 2, 2, 6, 4}, 5);
+  auto q = AttnProblem::random({1, 2, 2, 6, 4}, 5);
+  ASSERT_TRUE(reference::attention_forward(p.fwd()).ok());
+  ASSERT_TRUE(reference::attention_backward(p.bwd()).ok());
+  auto a = c_args(q);
+  char err[256] = "";
+  ASSERT_EQ(tpf_attention_forward(&a, 0, nullptr, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(tpf_attention_backward(&a, 0, nullptr, 0, nullptr, err, sizeof(err)), 0) << err;
+  EXPECT_EQ(max_abs_diff(p.out.values(), q.out.values()), 0.0);
+  EXPECT_EQ(max_abs_diff(p.dq.values(), q.dq.values()), 0.0);
+  EXPECT_EQ(max_abs_diff(p.dbias.values(), q.dbias.values()), 0.0);
+}
+
+TEST(CApi, ErrorsCarryTheStatusCodeAndTheMessage) {
+  auto p = AttnProblem::random({1, 2, 2, 6, 4}, 6);
+  auto a = c_args(p);
+  char err[256] = "";
+  a.k.shape[3] = 5;
+  EXPECT_EQ(tpf_attention_forward(&a, 0, nullptr, err, sizeof(err)),
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(err).find("'k'"), std::string::npos) << err;
+  a = c_args(p);
+  a.mask.dtype = static_cast<int32_t>(DType::kFP32);
+  EXPECT_EQ(tpf_attention_forward(&a, 0, nullptr, err, sizeof(err)),
+            static_cast<int>(StatusCode::kInvalidType));
+  a = c_args(p);
+  a.scale = 0.0;  // NaN means "default"; zero is a bad scale
+  EXPECT_EQ(tpf_attention_forward(&a, 0, nullptr, err, sizeof(err)),
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(err).find("'scale'"), std::string::npos) << err;
+  char tiny[8];
+  a.k.shape[3] = 5;
+  tpf_attention_forward(&a, 0, nullptr, tiny, sizeof(tiny));
+  EXPECT_EQ(std::string(tiny).size(), 7u);  // truncated, terminated
+}
+
+TEST(CApi, TrimulMatchesTheCppReference) {
+  auto p = TrimulProblem::random(1, 4, 3, 2, 7);
+  auto q = TrimulProblem::random(1, 4, 3, 2, 7);
+  ASSERT_TRUE(reference::trimul_backward(p.bwd()).ok());
+  ASSERT_TRUE(reference::trimul_forward(p.fwd()).ok());
+  tpf_trimul_args a{};
+  a.z = c_tensor(q.z.view);
+  a.mask = c_tensor(q.mask.view);
+  a.out = c_tensor(q.out.view);
+  a.dout = c_tensor(q.dout.view);
+  a.dz = c_tensor(q.dz.view);
+  for (int i = 0; i < TPF_TRIMUL_WEIGHTS; ++i) {
+    a.w[i] = c_tensor(q.w[i].view);
+    a.dw[i] = c_tensor(q.dw[i].view);
+  }
+  a.direction = 0;
+  a.eps = 1e-5;
+  char err[256] = "";
+  ASSERT_EQ(tpf_trimul_forward(&a, 0, nullptr, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(tpf_trimul_backward(&a, 0, nullptr, err, sizeof(err)), 0) << err;
+  EXPECT_EQ(max_abs_diff(p.out.values(), q.out.values()), 0.0);
+  EXPECT_EQ(max_abs_diff(p.dz.values(), q.dz.values()), 0.0);
+  EXPECT_EQ(max_abs_diff(p.dw[2].values(), q.dw[2].values()), 0.0);
+}
+
+}  // namespace
+}  // namespace tpf::test
