@@ -16,8 +16,10 @@ import argparse
 import json
 import math
 import re
+import signal
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -156,6 +158,10 @@ def rel(x, ref):
 
 
 # ------------------------------------------------------------------------------------- driver
+class _OutOfTime(Exception):
+    pass
+
+
 def run_attention(backends, Ns, Ds, accuracy_n, progress, rows, save):
     for name, b in backends.items():
         for D in Ds:
@@ -244,14 +250,16 @@ def run_trimul(backends, Ns, progress, rows, save, C=128):
                 save()
 
 
-def write_report(rows, out_dir: Path, gpu: str, plots: bool = True):
+def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_version: str = None):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "rows": rows}, indent=1))
+    torch_version = torch_version or torch.__version__
+    (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch_version, "rows": rows}, indent=1))
     lines = [f"# Pairformer kernels on {gpu}", "",
              "![triangle attention](triangle_attention.png)", "",
-             f"PyTorch {torch.__version__}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
+             f"PyTorch {torch_version}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
              "Multiplicative update: C=128, bf16. Median ms of CUDA-event-timed calls; peak memory "
              "of forward+backward above the inputs. Made by `python -m turbopairformer.bench`.", ""]
+    lines += [f"**Note:** {r['status']}" for r in rows if r["op"] == "note"]
     for op in ("triangle_attention", "triangle_multiplicative_update"):
         sub = [r for r in rows if r["op"] == op]
         if not sub:
@@ -300,7 +308,9 @@ def plot(rows, out_dir):
             ax.set_xlabel("N")
             ax.set_title(title)
             ax.grid(True, which="both", alpha=0.3)
-        axes[0].legend(fontsize=7)
+        for ax in axes:
+            if ax.lines:
+                ax.legend(fontsize=7)
         fig.suptitle(op)
         fig.tight_layout()
         fig.savefig(out_dir / f"{op}.png", dpi=110)
@@ -316,7 +326,16 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default="attention,trimul")
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
+    ap.add_argument("--replot", metavar="REPORT_JSON", default=None,
+                    help="rewrite report.md and the plots from an earlier report.json, then stop")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds; cases not started by then are recorded as skipped")
     args = ap.parse_args(argv)
+    if args.replot:
+        data = json.loads(Path(args.replot).read_text())
+        write_report(data["rows"], Path(args.out or Path(args.replot).parent), data["gpu"],
+                     torch_version=data.get("torch"))
+        return
     if not torch.cuda.is_available():
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
     gpu = torch.cuda.get_device_name()
@@ -344,10 +363,25 @@ def main(argv=None):
             print(f"[{count[0]}/{total}] {msg}", file=sys.stderr)
     rows = []
     save = lambda: write_report(rows, out, gpu, plots=False)  # partial results survive a kill
-    if "attention" in ops:
-        run_attention(att, Ns, Ds, args.accuracy_n, progress, rows, save)
-    if "trimul" in ops:
-        run_trimul(tri, tri_Ns, progress, rows, save)
+
+    def on_term(signum, frame):  # e.g. `timeout`: finish the report, plots included, then stop
+        write_report(rows, out, gpu)
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    deadline = time.monotonic() + args.budget if args.budget else None
+    inner = progress
+
+    def progress(msg):
+        inner(msg)
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime()
+    try:
+        if "attention" in ops:
+            run_attention(att, Ns, Ds, args.accuracy_n, progress, rows, save)
+        if "trimul" in ops:
+            run_trimul(tri, tri_Ns, progress, rows, save)
+    except _OutOfTime:
+        rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped: --budget {args.budget} s reached"})
     write_report(rows, out, gpu)
     print(f"report written to {out}/report.md")
 
