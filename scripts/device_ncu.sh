@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: Nsight Compute throughput and stall summary of the attention kernels.
+# On the GPU machine (next to scripts/device_validate.sh): Nsight Compute throughput and stall summary of the attention kernels.
 # Usage: scripts/device_ncu.sh BIN_DIR [N] [D]
 set -u
 BIN=${1:-.devbin}; N=${2:-384}; D=${3:-32}
