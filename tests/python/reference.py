@@ -77,3 +77,21 @@ class OpenFold3TriangleMultiplicativeUpdate(torch.nn.Module):
             x = torch.einsum("...kic,...kjc->...ijc", a, b)
         x = self.linear_z(self.layer_norm_out(x))
         return x * torch.sigmoid(self.linear_g(z))
+
+
+def assert_module_matches(ref, ours, x, mask, atol=1e-9):
+    """Randomises ref's parameters, loads them into ours, and compares output, input gradient and
+    every parameter gradient (matched by name)."""
+    for p in ref.parameters():  # non-trivial LayerNorm gains and biases
+        torch.nn.init.normal_(p, std=0.5)
+    ours.load_state_dict(ref.state_dict())
+    xr, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    yr, yo = ref(xr, mask), ours(xo, mask)
+    assert torch.allclose(yr, yo, atol=atol / 10)
+    g = torch.randn_like(yr)
+    yr.backward(g)
+    yo.backward(g)
+    assert torch.allclose(xr.grad, xo.grad, atol=atol)
+    ref_grads = dict(ref.named_parameters())
+    for n, p in ours.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[n].grad, atol=atol), n

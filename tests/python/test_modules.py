@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 
 import turbopairformer as tpf
 from conftest import requires_gpu
-from reference import OpenFold3TriangleAttention
+from reference import OpenFold3TriangleAttention, assert_module_matches
 
 OPENFOLD3_KEYS = {
     "layer_norm.weight", "layer_norm.bias", "linear_z.weight", "mha.linear_q.weight",
@@ -32,21 +32,9 @@ def test_state_dict_keys_match_openfold3():
 @pytest.mark.parametrize("starting", [True, False])
 def test_matches_openfold3_module_on_cpu(starting):
     torch.manual_seed(0)
-    ref = OpenFold3TriangleAttention(8, 4, 2, starting=starting).double()
-    for p in ref.parameters():  # non-trivial LayerNorm and biases
-        torch.nn.init.normal_(p, std=0.5)
-    ours = tpf.TriangleAttention(8, 4, 2, starting=starting).double()
-    ours.load_state_dict(ref.state_dict())
     x, mask = pair()
-    xr, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    yr, yo = ref(xr, mask), ours(xo, mask)
-    assert torch.allclose(yr, yo, atol=1e-10)
-    g = torch.randn_like(yr)
-    yr.backward(g)
-    yo.backward(g)
-    assert torch.allclose(xr.grad, xo.grad, atol=1e-9)
-    for (n, a), (_, b) in zip(sorted(ref.named_parameters()), sorted(ours.named_parameters())):
-        assert torch.allclose(a.grad, b.grad, atol=1e-9), n
+    assert_module_matches(OpenFold3TriangleAttention(8, 4, 2, starting=starting).double(),
+                          tpf.TriangleAttention(8, 4, 2, starting=starting).double(), x, mask)
 
 
 @requires_gpu

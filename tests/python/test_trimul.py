@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 
 import turbopairformer as tpf
 from conftest import requires_gpu
-from reference import OpenFold3TriangleMultiplicativeUpdate
+from reference import OpenFold3TriangleMultiplicativeUpdate, assert_module_matches
 
 OPENFOLD3_KEYS = {f"{n}.{p}" for n in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g",
                                        "linear_g", "linear_z", "layer_norm_in", "layer_norm_out")
@@ -27,22 +27,9 @@ def test_state_dict_keys_match_openfold3():
 @pytest.mark.parametrize("outgoing", [True, False])
 def test_matches_openfold3_module_on_cpu(outgoing):
     torch.manual_seed(3)
-    ref = OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double()
-    for p in ref.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    ours = tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double()
-    ours.load_state_dict(ref.state_dict())
     z, mask = inputs()
-    zr, zo = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
-    yr, yo = ref(zr, mask), ours(zo, mask)
-    assert torch.allclose(yr, yo, atol=1e-10)
-    g = torch.randn_like(yr)
-    yr.backward(g)
-    yo.backward(g)
-    assert torch.allclose(zr.grad, zo.grad, atol=1e-9)
-    ref_grads = dict(ref.named_parameters())
-    for n, p in ours.named_parameters():
-        assert torch.allclose(p.grad, ref_grads[n].grad, atol=1e-9), n
+    assert_module_matches(OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double(),
+                          tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double(), z, mask)
 
 
 def test_unbatched_input_and_absent_biases():
