@@ -50,10 +50,13 @@ TPF_C_API int tpf_attention_backward_workspace_size(const tpf_attention_args* a,
                                           size_t err_len);
 TPF_C_API int tpf_attention_backward(const tpf_attention_args* a, int32_t on_gpu, void* workspace,
                            size_t workspace_bytes, void* stream, char* err, size_t err_len);
-TPF_C_API int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
-                                 size_t err_len);
-TPF_C_API int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
-                                  size_t err_len);
+/* Device workspace bytes of the CUDA forward (backward = 0) or backward (1); 0 for the CPU path. */
+TPF_C_API int tpf_trimul_workspace_size(const tpf_trimul_args* a, int32_t backward, size_t* bytes,
+                                        char* err, size_t err_len);
+TPF_C_API int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,
+                                 size_t workspace_bytes, void* stream, char* err, size_t err_len);
+TPF_C_API int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,
+                                  size_t workspace_bytes, void* stream, char* err, size_t err_len);
 TPF_C_API const char* tpf_version(void);
 
 #ifdef __cplusplus

@@ -50,8 +50,15 @@ struct TrimulBackwardParams {
 Status validate_trimul_forward(const TrimulForwardParams& p, bool for_gpu);
 Status validate_trimul_backward(const TrimulBackwardParams& p, bool for_gpu);
 
-// CUDA entry points (kernels land with issue 5; until then they return kUnsupported).
-Status trimul_forward(const TrimulForwardParams& p, cudaStream_t stream);
+// CUDA entry points (bf16 z; weights bf16 or fp32). Both need a device workspace of the size the
+// matching query returns (256-byte aligned); nothing is allocated inside a call. Forward:
+// fp16 tensor-core operands (LayerNorm outputs and gated projections are bounded, so fp16's
+// extra mantissa bits halve the error of the bf16 path); the gated projections a, b must stay
+// below 65504 in magnitude. Backward: bf16 operands. Both are bitwise deterministic.
+Status trimul_forward_workspace_size(const TrimulForwardParams& p, size_t* bytes);
+Status trimul_backward_workspace_size(const TrimulBackwardParams& p, size_t* bytes);
+Status trimul_forward(const TrimulForwardParams& p, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream);
 Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t workspace_bytes,
                        cudaStream_t stream);
 

@@ -1,31 +1,15 @@
-// Shared-memory tile layout and loads used by the attention kernels.
-//
-// A tile is ROWS x D elements of 16-bit type, row-major, each row cut into D/8 chunks of 16
-// bytes. Chunk c of row r is stored at chunk position c ^ f(r): with rows of 32, 64 or >=128
-// bytes, eight consecutive rows would otherwise hit the same banks in one ldmatrix phase.
+// Shared-memory tile loads used by the attention kernels (tile layout: common/swizzle.cuh).
 #pragma once
 #include <cstdint>
 
 #include "attention/kernel_args.h"
 #include "common/mma.cuh"
+#include "common/swizzle.cuh"
 
 namespace tpf::attn {
 
-template <int D>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  if constexpr (kChunks >= 8) {
-    return chunk ^ (row & 7);
-  } else {
-    return chunk ^ ((row / (8 / kChunks)) % kChunks);
-  }
-}
-
-// Address of element (row, 8 * chunk) of a swizzled tile.
-template <int D, class T>
-__device__ __forceinline__ T* tile_at(T* tile, int row, int chunk) {
-  return tile + row * D + swizzle<D>(row, chunk) * 8;
-}
+using dev::swizzle;
+using dev::tile_at;
 
 // Copies ROWS x D tiles of a (b, s, h) slice into swizzled shared tiles with cp.async. The
 // chunks each thread copies are fixed, so their rows, columns and shared offsets are computed

@@ -82,26 +82,38 @@ tpf::TrimulForwardParams trimul_forward_params(const tpf_trimul_args& a) {
   return p;
 }
 
+tpf::TrimulBackwardParams trimul_backward_params(const tpf_trimul_args& a) {
+  tpf::TrimulBackwardParams p;
+  p.fwd = trimul_forward_params(a);
+  p.dout = view(a.dout);
+  p.dz = view(a.dz);
+  p.dw = trimul_weights(a.dw);
+  return p;
+}
+
 }  // namespace
 
 extern "C" {
 
-int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
-                       size_t err_len) {
+int tpf_trimul_workspace_size(const tpf_trimul_args* a, int32_t backward, size_t* bytes, char* err,
+                              size_t err_len) {
+  return report(backward ? tpf::trimul_backward_workspace_size(trimul_backward_params(*a), bytes)
+                         : tpf::trimul_forward_workspace_size(trimul_forward_params(*a), bytes),
+                err, err_len);
+}
+
+int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,
+                       size_t workspace_bytes, void* stream, char* err, size_t err_len) {
   const auto p = trimul_forward_params(*a);
-  return report(on_gpu ? tpf::trimul_forward(p, static_cast<cudaStream_t>(stream))
+  return report(on_gpu ? tpf::trimul_forward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream))
                        : tpf::reference::trimul_forward(p),
                 err, err_len);
 }
 
-int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* stream, char* err,
-                        size_t err_len) {
-  tpf::TrimulBackwardParams p;
-  p.fwd = trimul_forward_params(*a);
-  p.dout = view(a->dout);
-  p.dz = view(a->dz);
-  p.dw = trimul_weights(a->dw);
-  return report(on_gpu ? tpf::trimul_backward(p, nullptr, 0, static_cast<cudaStream_t>(stream))
+int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,
+                        size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  const auto p = trimul_backward_params(*a);
+  return report(on_gpu ? tpf::trimul_backward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream))
                        : tpf::reference::trimul_backward(p),
                 err, err_len);
 }

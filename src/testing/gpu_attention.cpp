@@ -2,32 +2,9 @@
 
 #include <cstring>
 
-#include "testing/device_buffer.h"
+#include "testing/device_tensor.h"
 
 namespace tpf::harness {
-namespace {
-
-// A device copy of a host tensor with the same strides.
-struct DeviceTensor {
-  DeviceBuffer buf;
-  TensorView view;
-};
-
-DeviceTensor to_device(const test::HostTensor& h, bool poison) {
-  DeviceTensor d{DeviceBuffer(h.bytes.size()), h.view};
-  d.view.data = d.buf.get();
-  if (poison) cuda_ok(cudaMemset(d.buf.get(), 0xff, h.bytes.size()), "cudaMemset");
-  else cuda_ok(cudaMemcpy(d.buf.get(), h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice), "H2D");
-  return d;
-}
-
-std::vector<uint8_t> bytes_of(const DeviceTensor& d) {
-  std::vector<uint8_t> out(d.buf.bytes());
-  cuda_ok(cudaMemcpy(out.data(), d.buf.get(), out.size(), cudaMemcpyDeviceToHost), "D2H");
-  return out;
-}
-
-}  // namespace
 
 GpuRunResult run_attention_gpu(test::AttnProblem& p, const GpuRunOptions& opt) {
   GpuRunResult r;
@@ -100,20 +77,12 @@ AttnErrors attention_errors(const test::AttnProblem& got, const test::AttnProble
                             bool backward) {
   AttnErrors e;
   const DType act = got.q.view.dtype;  // the floor: the exact answer rounded once to it
-  auto add = [&](const char* name, const test::HostTensor& g, const test::HostTensor& x) {
-    const auto xv = x.values();
-    std::vector<double> rounded(xv.size());
-    for (size_t i = 0; i < xv.size(); ++i) rounded[i] = detail::round_to(act, xv[i]);
-    e.names.push_back(name);
-    e.error.push_back(test::rel_rmse(g.values(), xv));
-    e.floor.push_back(test::rel_rmse(rounded, xv));
-  };
-  add("out", got.out, ref.out);
+  e.add("out", got.out, ref.out, act);
   if (backward) {
-    add("dq", got.dq, ref.dq);
-    add("dk", got.dk, ref.dk);
-    add("dv", got.dv, ref.dv);
-    add("dbias", got.dbias, ref.dbias);
+    e.add("dq", got.dq, ref.dq, act);
+    e.add("dk", got.dk, ref.dk, act);
+    e.add("dv", got.dv, ref.dv, act);
+    e.add("dbias", got.dbias, ref.dbias, act);
   }
   return e;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "testing/attention_problem.h"
+#include "testing/device_tensor.h"
 
 namespace tpf::harness {
 
@@ -22,11 +23,9 @@ struct GpuRunResult {
 
 GpuRunResult run_attention_gpu(test::AttnProblem& p, const GpuRunOptions& opt);
 
-// Relative RMSE of each output against an FP64 reference problem, and the bf16 floor of each.
-struct AttnErrors {
-  std::vector<std::string> names;  // out, dq, dk, dv, dbias
-  std::vector<double> error, floor;
-};
+// Relative RMSE of each output (out, dq, dk, dv, dbias) against an FP64 reference problem, and
+// the floor of each.
+using AttnErrors = ErrorTable;
 AttnErrors attention_errors(const test::AttnProblem& got, const test::AttnProblem& ref,
                             bool backward);
 

@@ -11,3 +11,13 @@ constexpr double kOutFloorFactor = 1.6;
 constexpr double kGradFloorFactor = 3.0;
 
 }  // namespace tpf::harness
+
+namespace tpf::harness {
+
+// Multiplicative update: the output carries the 16-bit roundings of the normalised input, a, b,
+// x and LN_out(x) (fp16 where bounded, bf16 otherwise); the gradients also those of dy, dx, da,
+// db and the projection gradients (bf16).
+constexpr double kTrimulOutFloorFactor = 2.0;
+constexpr double kTrimulGradFloorFactor = 3.0;
+
+}  // namespace tpf::harness

@@ -97,8 +97,8 @@ TEST(CApi, TrimulMatchesTheCppReference) {
   a.direction = 0;
   a.eps = 1e-5;
   char err[256] = "";
-  ASSERT_EQ(tpf_trimul_forward(&a, 0, nullptr, err, sizeof(err)), 0) << err;
-  ASSERT_EQ(tpf_trimul_backward(&a, 0, nullptr, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(tpf_trimul_forward(&a, 0, nullptr, 0, nullptr, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(tpf_trimul_backward(&a, 0, nullptr, 0, nullptr, err, sizeof(err)), 0) << err;
   EXPECT_EQ(max_abs_diff(p.out.values(), q.out.values()), 0.0);
   EXPECT_EQ(max_abs_diff(p.dz.values(), q.dz.values()), 0.0);
   EXPECT_EQ(max_abs_diff(p.dw[2].values(), q.dw[2].values()), 0.0);

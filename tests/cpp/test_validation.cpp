@@ -60,7 +60,7 @@ TEST_P(Rejects, NamesTheArgumentAndWritesNothing) {
     }
     case Entry::kTrimulRefFwd: st = reference::trimul_forward(tf); break;
     case Entry::kTrimulRefBwd: st = reference::trimul_backward(tb); break;
-    case Entry::kTrimulGpuFwd: st = trimul_forward(tf, nullptr); break;
+    case Entry::kTrimulGpuFwd: st = trimul_forward(tf, nullptr, 0, nullptr); break;
   }
   EXPECT_EQ(st.code(), c.code) << st.message();
   EXPECT_NE(st.message().find(std::string("'") + c.argument + "'"), std::string::npos) << st.message();

@@ -1,0 +1,26 @@
+// Shared-memory tile layout shared by every tensor-core kernel.
+//
+// A tile is ROWS x W elements of a 16-bit type, row-major, each row cut into W/8 chunks of 16
+// bytes. Chunk c of row r is stored at chunk position c ^ f(r): with rows of 32, 64 or >=128
+// bytes, the eight rows one ldmatrix phase reads would otherwise hit the same banks.
+#pragma once
+
+namespace tpf::dev {
+
+template <int W>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  constexpr int kChunks = W / 8;  // 16-byte chunks per row
+  if constexpr (kChunks >= 8) {
+    return chunk ^ (row & 7);
+  } else {
+    return chunk ^ ((row / (8 / kChunks)) % kChunks);
+  }
+}
+
+// Address of element (row, 8 * chunk) of a swizzled tile with rows of W elements.
+template <int W, class T>
+__device__ __forceinline__ T* tile_at(T* tile, int row, int chunk) {
+  return tile + row * W + swizzle<W>(row, chunk) * 8;
+}
+
+}  // namespace tpf::dev

@@ -1,0 +1,21 @@
+// Forward sequence: fold weights, LayerNorm_in, projections + gates, triangle product,
+// LayerNorm_out, output projection * gate. fp16 operands (see Operand16).
+#include <cuda_fp16.h>
+
+#include "trimul/stages.cuh"
+
+namespace tpf::trimul {
+
+cudaError_t run_forward(const Problem& p, const Workspace& ws, cudaStream_t s) {
+  using T = __half;
+  const Dims& d = p.d;
+  cudaError_t e = forward_through_product<T>(p, ws, Operand16::kFP16, nullptr, nullptr, nullptr,
+                                             nullptr, s);
+  if (e != cudaSuccess) return e;
+  const OutputEpilogue<T> epi{d, ws.bz, static_cast<const T*>(ws.gate), p.out};
+  return launch_gemm<T, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch),
+                                              weight_rows(ws.wz, d.C, d.Ch),
+                                              {d.M(), static_cast<int>(d.C), d.Ch, 0}, 1, epi, s);
+}
+
+}  // namespace tpf::trimul

@@ -1,0 +1,225 @@
+// A tensor-core GEMM with a pluggable epilogue, the engine of every multiplicative-update
+// product:   C[m, n] = sum_k A[m, k] B[n, k]   (fp32 accumulation, 16-bit operands).
+//
+// Each operand is stored either K-major (element (mn, k) at mn*ld + k) or MN-major ((mn, k) at
+// k*ld + mn); the K-major tile goes through ldmatrix, the MN-major one through ldmatrix.trans,
+// so the triangle product's four transposition patterns (outgoing/incoming, forward/backward)
+// and the weight-gradient products dW = dYᵀ X all run on the same main loop without copies.
+//
+// blockIdx.z is either a batch index (operands advance by batch_stride) or, for split-K, the
+// index of a chunk of k_chunk rows of K. The epilogue receives the fp32 tile in shared memory
+// and writes whatever its stage needs, in whatever walk order coalesces its stores.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "trimul/tile_config.h"
+
+namespace tpf::trimul {
+
+enum class Major : int { kK = 0, kMN = 1 };
+
+// A batch of 2-D matrices. Stored extents: K-major rows = M (or N) and cols = K; MN-major
+// rows = K and cols = M (or N). Reads past the extents return zero; cols must be a multiple of
+// 8 and ld of 8 elements (16-byte chunks; the host pads the channel-major buffers).
+struct Operand {
+  const void* ptr;
+  int64_t ld;
+  int64_t batch_stride;
+  int64_t rows, cols;
+};
+
+struct GemmShape {
+  int64_t M;
+  int N;
+  int64_t K;
+  int64_t k_chunk;  // split-K: the K rows of blockIdx.z; 0: no split (blockIdx.z = batch)
+};
+
+using Cfg = GemmConfig;
+
+// The accumulator tile as the epilogue sees it: [kBlockM][kEpiStride] fp32, plus a small
+// scratch area for column reductions.
+struct EpiTile {
+  float* c;        // [kBlockM][kEpiStride]
+  float* scratch;  // [kThreads]
+  __device__ float& at(int r, int n) const { return c[r * Cfg::kEpiStride + n]; }
+};
+
+// Row-major walk of the tile: every thread keeps one column (tid % 128) and visits rows of one
+// parity, so per-thread column sums need only one combine step (column_sums below).
+// Every thread of the block must call column_sums (it synchronises).
+template <class F>
+__device__ __forceinline__ void for_each_row_major(F&& f) {
+  static_assert(Cfg::kThreads % Cfg::kBlockN == 0, "one column per thread");
+  constexpr int kRowStep = Cfg::kThreads / Cfg::kBlockN;
+  const int n = threadIdx.x % Cfg::kBlockN, r0 = threadIdx.x / Cfg::kBlockN;
+#pragma unroll 4
+  for (int r = r0; r < Cfg::kBlockM; r += kRowStep) f(r, n);
+}
+
+// Combines the per-thread column sums of for_each_row_major in a fixed order; thread n < 128
+// gets column n's total. Every thread of the block must call it.
+__device__ __forceinline__ float column_sums(const EpiTile& t, float mine) {
+  __syncthreads();  // the scratch may still be read by a previous call
+  t.scratch[threadIdx.x] = mine;
+  __syncthreads();
+  float s = 0.f;
+  if (threadIdx.x < Cfg::kBlockN) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kThreads / Cfg::kBlockN; ++i)
+      s += t.scratch[threadIdx.x + i * Cfg::kBlockN];
+  }
+  return s;
+}
+
+namespace detail {
+
+constexpr int kTileElems = Cfg::kBlockM * Cfg::kBlockK;  // per operand per stage (BM == BN)
+static_assert(Cfg::kBlockM == Cfg::kBlockN, "operand tiles share one geometry");
+
+// One operand's ROWS x kBlockK tile for k-step [k0, k0 + kBlockK): K-major tiles are
+// [128 mn][32 k] (swizzle<32>), MN-major tiles [32 k][128 mn] (swizzle<128>).
+template <Major MAJ, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* base, const Operand& op, int64_t mn0,
+                                          int64_t k0) {
+  constexpr int kChunks = kTileElems / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kChunks; i += Cfg::kThreads) {
+    int r, ch;
+    int64_t grow, gcol;
+    if constexpr (MAJ == Major::kK) {
+      r = i / (Cfg::kBlockK / 8), ch = i % (Cfg::kBlockK / 8);
+      grow = mn0 + r, gcol = k0 + ch * 8;
+    } else {
+      r = i / (Cfg::kBlockM / 8), ch = i % (Cfg::kBlockM / 8);
+      grow = k0 + r, gcol = mn0 + ch * 8;
+    }
+    const bool valid = grow < op.rows && gcol < op.cols;
+    constexpr int kW = MAJ == Major::kK ? Cfg::kBlockK : Cfg::kBlockM;
+    dev::cp_async_16(dev::tile_at<kW>(tile, r, ch), valid ? base + grow * op.ld + gcol : base, valid);
+  }
+}
+
+// The m16k16 A fragment of rows [mr, mr + 16) at k-step ks of the tile.
+template <Major MAJ, class T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int mr, int ks) {
+  const int lane = threadIdx.x & 31, j = lane >> 3, i = lane & 7;
+  if constexpr (MAJ == Major::kK) {
+    dev::ldmatrix_x4(a, dev::tile_at<Cfg::kBlockK>(tile, mr + (j & 1) * 8 + i, ks * 2 + (j >> 1)));
+  } else {
+    dev::ldmatrix_x4_trans(a, dev::tile_at<Cfg::kBlockM>(tile, ks * 16 + (j >> 1) * 8 + i, mr / 8 + (j & 1)));
+  }
+}
+
+// Two k16n8 B fragments (columns [nc, nc + 16)) at k-step ks: {b0, b1} of each n8 tile.
+template <Major MAJ, class T>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const T* tile, int nc, int ks) {
+  const int lane = threadIdx.x & 31, j = lane >> 3, i = lane & 7;
+  if constexpr (MAJ == Major::kK) {
+    dev::ldmatrix_x4(b, dev::tile_at<Cfg::kBlockK>(tile, nc + (j >> 1) * 8 + i, ks * 2 + (j & 1)));
+  } else {
+    dev::ldmatrix_x4_trans(b, dev::tile_at<Cfg::kBlockN>(tile, ks * 16 + (j & 1) * 8 + i, nc / 8 + (j >> 1)));
+  }
+}
+
+}  // namespace detail
+
+constexpr int kStageBytes = 2 * detail::kTileElems * 2;  // A and B, 16-bit
+constexpr int kGemmSmemBytes =
+    (Cfg::kStages * kStageBytes > Cfg::kBlockM * Cfg::kEpiStride * 4
+         ? Cfg::kStages * kStageBytes
+         : Cfg::kBlockM * Cfg::kEpiStride * 4) +
+    Cfg::kThreads * 4;
+
+template <class T, Major AM, Major BMJ, class Epi>
+__global__ void __launch_bounds__(Cfg::kThreads, 2)
+    gemm_kernel(const Operand A, const Operand B, const GemmShape s, const Epi epi) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int64_t m0 = int64_t(blockIdx.x) * Cfg::kBlockM;
+  const int n0 = blockIdx.y * Cfg::kBlockN;
+  const int z = blockIdx.z;
+  const int64_t k_begin = s.k_chunk ? z * s.k_chunk : 0;
+  const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
+  const T* a_base = static_cast<const T*>(A.ptr) + (s.k_chunk ? 0 : z * A.batch_stride);
+  const T* b_base = static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : z * B.batch_stride);
+  auto stage_a = [&](int st) { return reinterpret_cast<T*>(smem + st * kStageBytes); };
+  auto stage_b = [&](int st) { return stage_a(st) + detail::kTileElems; };
+  auto load = [&](int st, int64_t k0) {
+    detail::load_tile<AM>(stage_a(st), a_base, A, m0, k0);
+    detail::load_tile<BMJ>(stage_b(st), b_base, B, n0, k0);
+  };
+
+  const int warp = threadIdx.x >> 5;
+  const int wm = (warp / Cfg::kWarpsN) * Cfg::kWarpTileM;  // warp's first row in the tile
+  const int wn = (warp % Cfg::kWarpsN) * Cfg::kWarpTileN;  // and first column
+  constexpr int kMi = Cfg::kWarpTileM / 16, kNi = Cfg::kWarpTileN / 8;
+  float acc[kMi][kNi][4] = {};  // [m16 tile][n8 tile][C fragment]
+
+  const int nk = static_cast<int>((k_end - k_begin + Cfg::kBlockK - 1) / Cfg::kBlockK);
+#pragma unroll
+  for (int st = 0; st < Cfg::kStages - 1; ++st) {
+    if (st < nk) load(st, k_begin + int64_t(st) * Cfg::kBlockK);
+    dev::cp_async_commit();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    dev::cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    const int pre = kt + Cfg::kStages - 1;
+    if (pre < nk) load(pre % Cfg::kStages, k_begin + int64_t(pre) * Cfg::kBlockK);
+    dev::cp_async_commit();
+    const T* ta = stage_a(kt % Cfg::kStages);
+    const T* tb = stage_b(kt % Cfg::kStages);
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kBlockK / 16; ++ks) {
+      uint32_t af[kMi][4], bf[kNi / 2][4];
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) detail::load_a<AM>(af[mi], ta, wm + mi * 16, ks);
+#pragma unroll
+      for (int np = 0; np < kNi / 2; ++np) detail::load_b<BMJ>(bf[np], tb, wn + np * 16, ks);
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni)
+          dev::MmaOp<T>::run(acc[mi][ni], af[mi], bf[ni / 2][(ni & 1) * 2], bf[ni / 2][(ni & 1) * 2 + 1]);
+    }
+  }
+  dev::cp_async_wait<0>();
+  __syncthreads();
+
+  const EpiTile tile{reinterpret_cast<float*>(smem),
+                     reinterpret_cast<float*>(smem + kGemmSmemBytes - Cfg::kThreads * 4)};
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni) {
+      const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
+      tile.at(r, n) = acc[mi][ni][0];
+      tile.at(r, n + 1) = acc[mi][ni][1];
+      tile.at(r + 8, n) = acc[mi][ni][2];
+      tile.at(r + 8, n + 1) = acc[mi][ni][3];
+    }
+  __syncthreads();
+  epi(tile, m0, n0, z);
+}
+
+// Launches C = A Bᵀ over `batches` matrices (or split-K chunks when s.k_chunk != 0).
+template <class T, Major AM, Major BMJ, class Epi>
+cudaError_t launch_gemm(const Operand& A, const Operand& B, const GemmShape& s, int batches,
+                        const Epi& epi, cudaStream_t stream) {
+  auto* kernel = gemm_kernel<T, AM, BMJ, Epi>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN),
+                  static_cast<unsigned>(batches));
+  kernel<<<grid, Cfg::kThreads, kGemmSmemBytes, stream>>>(A, B, s, epi);
+  return cudaGetLastError();
+}
+
+}  // namespace tpf::trimul

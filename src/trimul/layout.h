@@ -1,0 +1,82 @@
+// Shapes, tensor references and workspace layout of the multiplicative-update kernels
+// (host and device).
+//
+// Two layouts of per-pair data:
+//   pixel-major    [B*N*N][W]           row m = (b*N + i)*N + j, channels contiguous
+//   channel-major  [B][Ch][N][Np]       one N x N matrix per (b, channel) for the triangle
+//                                       product; rows padded to Np = N rounded up to 8 so every
+//                                       row starts 16-byte aligned. Pads are kept zero (they
+//                                       enter the K sums of the products).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "turbopairformer/tensor.h"
+
+#if defined(__CUDACC__)
+#define TPF_HD __host__ __device__
+#else
+#define TPF_HD
+#endif
+
+namespace tpf::trimul {
+
+struct Dims {
+  int64_t B, N, Np, C, Ch;
+  TPF_HD int64_t M() const { return B * N * N; }      // pixels
+  TPF_HD int64_t plane() const { return N * Np; }     // one channel-major matrix
+  TPF_HD int64_t cm_elems() const { return B * Ch * plane(); }
+  TPF_HD int64_t proj_cols() const { return 4 * Ch + C; }  // [a/b projections and gates; out gate]
+};
+
+// A pixel-major tensor with arbitrary b, i, j strides (channel stride 1): z, out, dout, dz.
+struct PairRef {
+  void* ptr;
+  int64_t sb, si, sj;
+};
+
+// The optional pair mask [B, N, N] of any dtype (ptr == nullptr: all ones).
+struct MaskRef {
+  const void* ptr;
+  int dtype;
+  int64_t sb, si, sj;
+};
+
+// A weight matrix [rows][cols] (or a vector: rows = 1) in bf16 or fp32 with row stride s0.
+struct WeightRef {
+  const void* ptr;  // nullptr: absent (an optional bias reads as zero)
+  int dtype;
+  int64_t s0;
+};
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ float load_any(const void* p, int dtype, int64_t off) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+    case DType::kFP16: return __half2float(static_cast<const __half*>(p)[off]);
+    case DType::kFP32: return static_cast<const float*>(p)[off];
+    case DType::kFP64: return static_cast<float>(static_cast<const double*>(p)[off]);
+    default: return static_cast<const uint8_t*>(p)[off] ? 1.f : 0.f;  // bool
+  }
+}
+__device__ __forceinline__ float weight_at(const WeightRef& w, int64_t r, int64_t c) {
+  return w.ptr ? load_any(w.ptr, w.dtype, r * w.s0 + c) : 0.f;
+}
+__device__ __forceinline__ float mask_at(const MaskRef& m, int64_t pixel, int64_t N) {
+  if (!m.ptr) return 1.f;
+  const int64_t b = pixel / (N * N), ij = pixel % (N * N);
+  return load_any(m.ptr, m.dtype, b * m.sb + (ij / N) * m.si + (ij % N) * m.sj);
+}
+// Offset of pixel m's channel 0 in a strided pixel-major tensor.
+__device__ __forceinline__ int64_t pair_offset(const PairRef& t, int64_t m, int64_t N) {
+  const int64_t b = m / (N * N), ij = m % (N * N);
+  return b * t.sb + (ij / N) * t.si + (ij % N) * t.sj;
+}
+// Offset of (pixel m, channel c) in a channel-major buffer.
+__device__ __forceinline__ int64_t cm_offset(const Dims& d, int64_t m, int64_t c) {
+  const int64_t b = m / (d.N * d.N), ij = m % (d.N * d.N);
+  return ((b * d.Ch + c) * d.N + ij / d.N) * d.Np + ij % d.N;
+}
+#endif
+
+}  // namespace tpf::trimul

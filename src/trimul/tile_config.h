@@ -1,0 +1,36 @@
+// Tile configuration of the multiplicative-update kernels: the one place their sizes live.
+#pragma once
+
+namespace tpf::trimul {
+
+struct GemmConfig {
+  // 128 x 128 output tiles: the projections have N = 4Ch + C = 640 columns and the triangle
+  // product N x N per channel, so 128 keeps edge waste small at N >= 384 while a block's
+  // 16 KB of operands per k-step amortise the epilogue's pass through shared memory.
+  static constexpr int kBlockM = 128, kBlockN = 128;
+  // k-step of 32 (64-byte rows of the K-major tiles): K is C or Ch (32..256) for the
+  // projections, so 32 is the largest step that divides every supported width.
+  static constexpr int kBlockK = 32;
+  // 8 warps as 2 (m) x 4 (n): each warp owns a 64 x 32 accumulator (64 fp32 registers), which
+  // leaves room for two blocks per SM at <= 128 registers per thread.
+  static constexpr int kWarpsM = 2, kWarpsN = 4, kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kWarpTileM = kBlockM / kWarpsM, kWarpTileN = kBlockN / kWarpsN;
+  // Three cp.async stages hide global latency for the long-K triangle product (K = N).
+  static constexpr int kStages = 3;
+  // The epilogue stages the fp32 accumulator tile in shared memory with rows padded by one
+  // float: column walks (channel-major stores) and row walks are then both conflict-free.
+  static constexpr int kEpiStride = kBlockN + 1;
+};
+
+// Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of
+// this many rows so that ~4 waves of blocks cover the few output tiles; partials are then
+// summed in chunk order (bitwise deterministic, no atomics).
+constexpr int kWgradTargetBlocks = 528;  // 4 x 132 SMs
+constexpr int kWgradMinRows = 1024;      // below this a chunk's epilogue would dominate
+
+// Row kernels (LayerNorm forward/backward): one warp per row of <= 256 channels; 8 warps per
+// block. Channel-major inputs are transposed through shared memory 32 pixels at a time.
+constexpr int kRowWarps = 8;
+constexpr int kColPixels = 32;
+
+}  // namespace tpf::trimul
