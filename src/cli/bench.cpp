@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "testing/device_buffer.h"
 #include "testing/device_attention.h"
+#include "testing/device_trimul.h"
 #include "turbopairformer/turbopairformer.h"
 
 namespace tpf::cli {
@@ -71,17 +72,76 @@ Result bench_attention(int N, int D, int H, int S, bool compensate, bool dbias_o
   return r;
 }
 
+struct TrimulResult {
+  int N, C, Ch;
+  bool outgoing;
+  double fwd_ms, fwdbwd_ms, fwd_tflops, fwdbwd_tflops, fwd_ws_mib, bwd_ws_mib;
+};
+
+// Forward FLOPs: input projections (4Ch + C outputs), triangle product, output projection.
+// Forward+backward counts 3x the forward (the backward does two products per forward one).
+TrimulResult bench_trimul(int N, int C, int Ch, bool outgoing, int iters) {
+  harness::DeviceTrimul p(1, N, C, Ch, outgoing, /*seed=*/1);
+  const double pairs = double(N) * N;
+  const double flops = 2 * pairs * C * (4.0 * Ch + C) + 2 * pairs * N * Ch + 2 * pairs * Ch * C;
+  const double fwd = median_ms([&] { p.forward(); }, 3, iters);
+  const double both = median_ms([&] { p.forward(); p.backward(); }, 3, iters);
+  cuda_ok(cudaDeviceSynchronize(), "sync");
+  return {N, C, Ch, outgoing, fwd, both, flops / (fwd * 1e-3) / 1e12,
+          3 * flops / (both * 1e-3) / 1e12, p.fwd_bytes / 1048576.0, p.bwd_bytes / 1048576.0};
+}
+
+int bench_trimul_cmd(const Args& args) {
+  const auto Ns = int_list(option(args, "--n", "384,768,1024"));
+  const int C = std::stoi(option(args, "--c", "128"));
+  const int Ch = std::stoi(option(args, "--ch", option(args, "--c", "128")));
+  const int iters = std::stoi(option(args, "--iters", "20"));
+  const bool outgoing = option(args, "--direction", "outgoing") != "incoming";
+  std::vector<TrimulResult> rs;
+  for (int N : Ns) {
+    rs.push_back(bench_trimul(N, C, Ch, outgoing, iters));
+    if (!has_flag(args, "--json")) std::fprintf(stderr, "  done N=%d\n", N);
+  }
+  if (has_flag(args, "--json")) {
+    std::printf("{\"gpu\": \"%s\", \"op\": \"triangle_multiplicative_update\", \"B\": 1, "
+                "\"C\": %d, \"Ch\": %d, \"direction\": \"%s\", \"iters\": %d, \"results\": [\n",
+                json_escape(gpu_name()).c_str(), C, Ch, outgoing ? "outgoing" : "incoming", iters);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const auto& r = rs[i];
+      std::printf("  {\"N\": %d, \"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
+                  "\"fwd_bwd_tflops\": %.1f, \"fwd_workspace_mib\": %.1f, \"bwd_workspace_mib\": %.1f}%s\n",
+                  r.N, r.fwd_ms, r.fwdbwd_ms, r.fwd_tflops, r.fwdbwd_tflops, r.fwd_ws_mib,
+                  r.bwd_ws_mib, i + 1 < rs.size() ? "," : "");
+    }
+    std::puts("]}");
+  } else {
+    std::printf("triangle multiplicative update on %s, B=1 C=%d Ch=%d %s, bf16, 10%% pairs masked\n",
+                gpu_name().c_str(), C, Ch, outgoing ? "outgoing" : "incoming");
+    std::printf("%6s %10s %9s %12s %9s %12s %12s\n", "N", "fwd ms", "TFLOP/s", "fwd+bwd ms",
+                "TFLOP/s", "fwd ws MiB", "bwd ws MiB");
+    for (const auto& r : rs)
+      std::printf("%6d %10.3f %9.1f %12.3f %9.1f %12.1f %12.1f\n", r.N, r.fwd_ms, r.fwd_tflops,
+                  r.fwdbwd_ms, r.fwdbwd_tflops, r.fwd_ws_mib, r.bwd_ws_mib);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(const Args& args) {
   if (has_flag(args, "--help")) {
     std::puts(
-        "usage: tpf bench [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20] [--no-compensate]\n"
-        "                 [--no-dbias] [--json]\n\n"
+        "usage: tpf bench [--op attention] [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20]\n"
+        "                 [--no-compensate] [--no-dbias] [--json]\n"
+        "       tpf bench --op trimul [--n 384,768,1024] [--c 128] [--ch 128]\n"
+        "                 [--direction outgoing|incoming] [--iters 20] [--json]\n\n"
         "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs, 20% of\n"
         "keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
         "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
-        "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). Needs a GPU.");
+        "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). With --op\n"
+        "trimul: the triangle multiplicative update (B=1, bf16, every bias), ms and TFLOP/s\n"
+        "(forward: 2N^2 C(4Ch+C) + 2N^3 Ch + 2N^2 Ch C; forward+backward counted as 3x).\n"
+        "Needs a GPU.");
     return 0;
   }
   if (cuda_device_count() == 0) {
@@ -89,6 +149,7 @@ int cmd_bench(const Args& args) {
                          "'tpf check' runs without one.\n");
     return 1;
   }
+  if (option(args, "--op", "attention") == "trimul") return bench_trimul_cmd(args);
   const auto Ns = int_list(option(args, "--n", "384,640,768"));
   const auto Ds = int_list(option(args, "--d", "16,32"));
   const int H = std::stoi(option(args, "--heads", "4"));

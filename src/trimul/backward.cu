@@ -1,4 +1,4 @@
-// Backward sequence (bf16 operands): recompute the forward up to LayerNorm_out, then the output
+// Backward sequence (precision plan in kernels.h): recompute the forward up to LayerNorm_out, then the output
 // stage, LayerNorm_out backward, the two transposed triangle products, the input projection
 // backward and LayerNorm_in backward; weight gradients as split-K products summed in order.
 #include <cuda_bf16.h>
@@ -17,9 +17,7 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   const int batches = static_cast<int>(d.B * d.Ch);
   const Operand dx = channel_matrices(ws.dx, d), a = channel_matrices(ws.a, d),
                 b = channel_matrices(ws.b, d);
-  auto out = [&](void* ptr) {
-    return StoreEpilogue<T>{static_cast<T*>(ptr), d.Np, d.plane(), d.N, d.Np};
-  };
+  auto out = [&](float* ptr) { return StoreEpilogue<float>{ptr, d.Np, d.plane(), d.N, d.Np}; };
   cudaError_t e;
   if (p.outgoing) {
     if ((e = launch_gemm<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
@@ -43,37 +41,35 @@ cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const v
 cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s) {
   const Dims& d = p.d;
   const int64_t M = d.M(), P = d.proj_cols(), mt = (M + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  cudaError_t e = forward_through_product<T>(p, ws, Operand16::kBF16, ws.mean_in, ws.rstd_in,
-                                             ws.mean_out, ws.rstd_out, s);
+  cudaError_t e = forward_through_product<T>(p, ws, true, s);
   if (e != cudaSuccess) return e;
   // Output stage: dy, the gate-logit gradient and their column sums.
-  const OutGradEpilogue<T> og{d, ws.bz, static_cast<const T*>(ws.gate), p.dout, static_cast<T*>(ws.dy),
+  const OutGradEpilogue<T> og{d, ws.bz, static_cast<const __half*>(ws.gate), p.dout, static_cast<T*>(ws.dy),
                               static_cast<T*>(ws.dlin), ws.colsum_dy, ws.colsum_lin};
-  if ((e = launch_gemm<T, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch), weight_rows(ws.wz, d.C, d.Ch),
+  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch), weight_rows(ws.wz, d.C, d.Ch),
                                                 {M, static_cast<int>(d.C), d.Ch, 0}, 1, og, s)) != cudaSuccess)
     return e;
-  // d xhat_out = dy Wz' (Wz' [C][Ch] read N-major), then LayerNorm_out backward into dx.
-  const StoreEpilogue<T> to_dxhat_out{static_cast<T*>(ws.dxhat), d.Ch, 0, M, d.Ch};
-  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dy, d, d.C), Operand{ws.wz, d.Ch, 0, d.C, d.Ch},
+  // d xhat_out = (dy Wz) * gamma_out (Wz [C][Ch] read N-major), then LayerNorm_out backward.
+  const StoreEpilogue<T> to_dxhat_out{static_cast<T*>(ws.dxhat), d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
+  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dy, d, d.C), Operand{ws.wz_raw, d.Ch, 0, d.C, d.Ch},
                                                  {M, static_cast<int>(d.Ch), d.C, 0}, 1, to_dxhat_out, s)) != cudaSuccess)
     return e;
   if ((e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess) return e;
   if ((e = triangle_backward(p, ws, s)) != cudaSuccess) return e;
   // Input projections: recompute p, g; their gradients into dlin's a/b columns.
-  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, static_cast<const T*>(ws.da),
-                                      static_cast<const T*>(ws.db), static_cast<T*>(ws.dlin), ws.colsum_lin};
-  if ((e = launch_gemm<T, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
+  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin};
+  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
                                                 {M, static_cast<int>(4 * d.Ch), d.C, 0}, 1, pb, s)) != cudaSuccess)
     return e;
-  // d xhat_in = dlin wcat', then LayerNorm_in backward into dz.
-  const StoreEpilogue<T> to_dxhat_in{static_cast<T*>(ws.dxhat), d.C, 0, M, d.C};
-  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dlin, d, P), Operand{ws.wcat, d.C, 0, P, d.C},
+  // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz.
+  const StoreEpilogue<T> to_dxhat_in{static_cast<T*>(ws.dxhat), d.C, 0, M, d.C, p.w.w[kNormInW]};
+  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dlin, d, P), Operand{ws.wcat_raw, d.C, 0, P, d.C},
                                                  {M, static_cast<int>(d.C), P, 0}, 1, to_dxhat_in, s)) != cudaSuccess)
     return e;
   if ((e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
   // Weight gradients.
-  if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in, d.C, ws.split_in, ws.part_in, s)) != cudaSuccess) return e;
-  if ((e = weight_gradient(d, ws.dy, d.C, ws.xhat_out, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
+  if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, s)) != cudaSuccess) return e;
+  if ((e = weight_gradient(d, ws.dy, d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_in, P * d.C, ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;

@@ -1,5 +1,5 @@
 // Forward sequence: fold weights, LayerNorm_in, projections + gates, triangle product,
-// LayerNorm_out, output projection * gate. fp16 operands (see Operand16).
+// LayerNorm_out, output projection * gate. fp16 operands (the precision plan in kernels.h).
 #include <cuda_fp16.h>
 
 #include "trimul/stages.cuh"
@@ -9,10 +9,9 @@ namespace tpf::trimul {
 cudaError_t run_forward(const Problem& p, const Workspace& ws, cudaStream_t s) {
   using T = __half;
   const Dims& d = p.d;
-  cudaError_t e = forward_through_product<T>(p, ws, Operand16::kFP16, nullptr, nullptr, nullptr,
-                                             nullptr, s);
+  cudaError_t e = forward_through_product<T>(p, ws, false, s);
   if (e != cudaSuccess) return e;
-  const OutputEpilogue<T> epi{d, ws.bz, static_cast<const T*>(ws.gate), p.out};
+  const OutputEpilogue epi{d, ws.bz, static_cast<const __half*>(ws.gate), p.out};
   return launch_gemm<T, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch),
                                               weight_rows(ws.wz, d.C, d.Ch),
                                               {d.M(), static_cast<int>(d.C), d.Ch, 0}, 1, epi, s);

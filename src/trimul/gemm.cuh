@@ -46,6 +46,7 @@ using Cfg = GemmConfig;
 struct EpiTile {
   float* c;        // [kBlockM][kEpiStride]
   float* scratch;  // [kThreads]
+  int64_t* rows;   // [kBlockM] per-row offsets an epilogue may precompute (row_offsets)
   __device__ float& at(int r, int n) const { return c[r * Cfg::kEpiStride + n]; }
 };
 
@@ -74,6 +75,14 @@ __device__ __forceinline__ float column_sums(const EpiTile& t, float mine) {
       s += t.scratch[threadIdx.x + i * Cfg::kBlockN];
   }
   return s;
+}
+
+// Fills t.rows[r] = f(r) for the tile's rows (one call per row instead of per element: the
+// pixel decompositions behind these offsets are 64-bit divisions). Synchronises.
+template <class F>
+__device__ __forceinline__ void row_offsets(const EpiTile& t, F&& f) {
+  if (threadIdx.x < Cfg::kBlockM) t.rows[threadIdx.x] = f(static_cast<int>(threadIdx.x));
+  __syncthreads();
 }
 
 namespace detail {
@@ -133,7 +142,7 @@ constexpr int kGemmSmemBytes =
     (Cfg::kStages * kStageBytes > Cfg::kBlockM * Cfg::kEpiStride * 4
          ? Cfg::kStages * kStageBytes
          : Cfg::kBlockM * Cfg::kEpiStride * 4) +
-    Cfg::kThreads * 4;
+    Cfg::kThreads * 4 + Cfg::kBlockM * 8;
 
 template <class T, Major AM, Major BMJ, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 2)
@@ -190,8 +199,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   dev::cp_async_wait<0>();
   __syncthreads();
 
+  constexpr int kRowsAt = kGemmSmemBytes - Cfg::kBlockM * 8;
   const EpiTile tile{reinterpret_cast<float*>(smem),
-                     reinterpret_cast<float*>(smem + kGemmSmemBytes - Cfg::kThreads * 4)};
+                     reinterpret_cast<float*>(smem + kRowsAt - Cfg::kThreads * 4),
+                     reinterpret_cast<int64_t*>(smem + kRowsAt)};
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int mi = 0; mi < kMi; ++mi)

@@ -16,10 +16,14 @@ struct WeightSet {
   WeightRef w[kNumWeights];
 };
 
-// The 16-bit operand type of a stage sequence: the forward uses fp16 (its operands, LayerNorm
-// outputs, sigmoid gates and gated projections, are bounded and gain 3 mantissa bits), the
-// backward bf16 (gradients span bf16's range).
-enum class Operand16 { kFP16, kBF16 };
+// Precision plan. Products whose operands are bounded (LayerNorm outputs without affine, the
+// gamma-folded weights) run in fp16, which has 3 more mantissa bits than bf16: the input
+// projections and the output projection, forward and backward. Forward a and b (gated, masked
+// projections) are fp16 too; x, whose range grows with N, is bf16. Every product with a gradient
+// operand runs in bf16 (gradients span bf16's range), against unfolded weights (exact for bf16
+// weights) with gamma applied in fp32 in the epilogue. The backward keeps the gate logit in fp16
+// (s(1 - s) from a rounded s would lose its low bits near s = 1) and da, db in fp32 (they feed an
+// epilogue, not a tensor-core operand).
 
 struct Problem {
   Dims d;
@@ -32,12 +36,14 @@ struct Problem {
 
 // Folds LayerNorm_in's gamma into the concatenated input weight [4Ch + C][C] (row order in
 // epilogues.cuh) and beta into its bias; likewise LayerNorm_out into Wz [C][Ch].
-cudaError_t prep_weights(const Problem& p, Operand16 t, void* wcat, float* bcat, void* wz,
-                         float* bz, cudaStream_t s);
-// LayerNorm statistics and the normalised rows (no affine: it is folded into the weights).
-cudaError_t ln_rows_forward(const Problem& p, Operand16 t, void* xhat, float* mean, float* rstd,
-                            cudaStream_t s);
-cudaError_t ln_channel_major_forward(const Problem& p, Operand16 t, const void* x, void* xhat,
+// wcat, wz fp16 (folded); wcat_raw, wz_raw (optional) bf16 copies of the unfolded weights.
+cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
+                         void* wcat_raw, void* wz_raw, cudaStream_t s);
+// LayerNorm statistics and the normalised rows (no affine: it is folded into the weights), in
+// fp16 and optionally also bf16 (xhat_bf: the weight-gradient operand); mean/rstd optional.
+cudaError_t ln_rows_forward(const Problem& p, void* xhat, void* xhat_bf, float* mean,
+                            float* rstd, cudaStream_t s);
+cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat, void* xhat_bf,
                                      float* mean, float* rstd, cudaStream_t s);
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = d xhat (bf16 [M][W]).
 cudaError_t ln_rows_backward(const Problem& p, const void* dxhat, const float* mean,

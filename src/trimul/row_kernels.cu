@@ -42,9 +42,15 @@ __device__ __forceinline__ void norm_backward(float (&g)[kMaxPerLane], const flo
   for (int k = 0; k < kMaxPerLane; ++k) g[k] = rstd * (g[k] - mg - xh[k] * mgx);
 }
 
-template <class T>
+// Writes one normalised value in fp16 and, where requested, bf16.
+__device__ __forceinline__ void put(__half* h, __nv_bfloat16* b, int64_t i, float v) {
+  h[i] = __float2half_rn(v);
+  if (b) b[i] = __float2bfloat16_rn(v);
+}
+
 __global__ void __launch_bounds__(kRowWarps * 32)
-    ln_rows_forward_kernel(PairRef z, Dims d, float eps, T* xhat, float* mean, float* rstd) {
+    ln_rows_forward_kernel(PairRef z, Dims d, float eps, __half* xhat, __nv_bfloat16* xhat_bf,
+                           float* mean, float* rstd) {
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (m >= d.M()) return;
@@ -56,7 +62,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const float2 st = row_stats(v, W, eps);
 #pragma unroll
   for (int k = 0; k < kMaxPerLane; ++k)
-    if (k * 32 < W) xhat[m * W + k * 32 + lane] = dev::from_float<T>((v[k] - st.x) * st.y);
+    if (k * 32 < W) put(xhat, xhat_bf, m * W + k * 32 + lane, (v[k] - st.x) * st.y);
   if (mean && lane == 0) mean[m] = st.x, rstd[m] = st.y;
 }
 
@@ -90,10 +96,9 @@ constexpr int kColStride = kColPixels + 1;
 // Offset of channel 0 of pixel m in a channel-major buffer (channel c adds c * plane).
 __device__ __forceinline__ int64_t cm_base(const Dims& d, int64_t m) { return cm_offset(d, m, 0); }
 
-template <class T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    ln_cm_forward_kernel(const __nv_bfloat16* x, Dims d, float eps, T* xhat, float* mean,
-                         float* rstd) {
+    ln_cm_forward_kernel(const __nv_bfloat16* x, Dims d, float eps, __half* xhat,
+                         __nv_bfloat16* xhat_bf, float* mean, float* rstd) {
   extern __shared__ float tile[];  // [Ch][kColStride]
   const int64_t m0 = int64_t(blockIdx.x) * kColPixels;
   const int W = static_cast<int>(d.Ch), p = threadIdx.x % kColPixels;
@@ -112,7 +117,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const float2 st = row_stats(v, W, eps);
 #pragma unroll
     for (int k = 0; k < kMaxPerLane; ++k)
-      if (k * 32 < W) xhat[mq * W + k * 32 + lane] = dev::from_float<T>((v[k] - st.x) * st.y);
+      if (k * 32 < W) put(xhat, xhat_bf, mq * W + k * 32 + lane, (v[k] - st.x) * st.y);
     if (mean && lane == 0) mean[mq] = st.x, rstd[mq] = st.y;
   }
 }
@@ -175,27 +180,20 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 
 }  // namespace
 
-cudaError_t ln_rows_forward(const Problem& p, Operand16 t, void* xhat, float* mean, float* rstd,
-                            cudaStream_t s) {
-  const float eps = p.eps;
-  if (t == Operand16::kFP16)
-    ln_rows_forward_kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(p.z, p.d, eps, static_cast<__half*>(xhat), mean, rstd);
-  else
-    ln_rows_forward_kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(p.z, p.d, eps, static_cast<__nv_bfloat16*>(xhat), mean, rstd);
+cudaError_t ln_rows_forward(const Problem& p, void* xhat, void* xhat_bf, float* mean,
+                            float* rstd, cudaStream_t s) {
+  ln_rows_forward_kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(
+      p.z, p.d, p.eps, static_cast<__half*>(xhat), static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
   return cudaGetLastError();
 }
 
-cudaError_t ln_channel_major_forward(const Problem& p, Operand16 t, const void* x, void* xhat,
+cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat, void* xhat_bf,
                                      float* mean, float* rstd, cudaStream_t s) {
   const size_t smem = p.d.Ch * kColStride * sizeof(float);
-  const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  if (t == Operand16::kFP16) {
-    if (auto e = allow_smem(ln_cm_forward_kernel<__half>, smem); e != cudaSuccess) return e;
-    ln_cm_forward_kernel<<<col_blocks(p.d), kRowWarps * 32, smem, s>>>(xb, p.d, p.eps, static_cast<__half*>(xhat), mean, rstd);
-  } else {
-    if (auto e = allow_smem(ln_cm_forward_kernel<__nv_bfloat16>, smem); e != cudaSuccess) return e;
-    ln_cm_forward_kernel<<<col_blocks(p.d), kRowWarps * 32, smem, s>>>(xb, p.d, p.eps, static_cast<__nv_bfloat16*>(xhat), mean, rstd);
-  }
+  if (auto e = allow_smem(ln_cm_forward_kernel, smem); e != cudaSuccess) return e;
+  ln_cm_forward_kernel<<<col_blocks(p.d), kRowWarps * 32, smem, s>>>(
+      static_cast<const __nv_bfloat16*>(x), p.d, p.eps, static_cast<__half*>(xhat),
+      static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
   return cudaGetLastError();
 }
 

@@ -18,16 +18,16 @@ inline Operand weight_rows(const void* ptr, int64_t rows, int64_t cols) {
   return {ptr, cols, 0, rows, cols};
 }
 
-// zhat [M][C] x wcat -> a, b (channel-major) and the output gate.
-template <class T>
-cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
+// zhat [M][C] x wcat (fp16) -> a, b (channel-major, TAB) and the output gate.
+template <class TAB>
+cudaError_t project(const Problem& p, const Workspace& ws, bool gate_logit, cudaStream_t s) {
   const Dims& d = p.d;
-  ProjectEpilogue<T> epi{d, ws.bcat, p.mask, static_cast<T*>(ws.a), static_cast<T*>(ws.b),
-                         static_cast<T*>(ws.gate)};
-  return launch_gemm<T, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
-                                              weight_rows(ws.wcat, d.proj_cols(), d.C),
-                                              {d.M(), static_cast<int>(d.proj_cols()), d.C, 0}, 1,
-                                              epi, s);
+  ProjectEpilogue<TAB> epi{d, ws.bcat, p.mask, static_cast<TAB*>(ws.a), static_cast<TAB*>(ws.b),
+                           static_cast<__half*>(ws.gate), gate_logit};
+  return launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
+                                                   weight_rows(ws.wcat, d.proj_cols(), d.C),
+                                                   {d.M(), static_cast<int>(d.proj_cols()), d.C, 0},
+                                                   1, epi, s);
 }
 
 // x_c = A_c B_cᵀ (outgoing) or A_cᵀ B_c (incoming) for every (batch, channel); x bf16 with
@@ -43,17 +43,17 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
                     : launch_gemm<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
 }
 
-// LayerNorm_in, projections, triangle product and LayerNorm_out: everything up to xhat_out.
-template <class T>
-cudaError_t forward_through_product(const Problem& p, const Workspace& ws, Operand16 t,
-                                    float* mean_in, float* rstd_in, float* mean_out,
-                                    float* rstd_out, cudaStream_t s) {
+// Folded weights, LayerNorm_in, projections, triangle product and LayerNorm_out: everything up
+// to xhat_out. The backward (TAB = bf16) also keeps statistics, bf16 copies and raw weights.
+template <class TAB>
+cudaError_t forward_through_product(const Problem& p, const Workspace& ws, bool backward,
+                                    cudaStream_t s) {
   cudaError_t e;
-  if ((e = prep_weights(p, t, ws.wcat, ws.bcat, ws.wz, ws.bz, s)) != cudaSuccess) return e;
-  if ((e = ln_rows_forward(p, t, ws.xhat_in, mean_in, rstd_in, s)) != cudaSuccess) return e;
-  if ((e = project<T>(p, ws, s)) != cudaSuccess) return e;
-  if ((e = triangle_product<T>(p, ws, s)) != cudaSuccess) return e;
-  return ln_channel_major_forward(p, t, ws.x, ws.xhat_out, mean_out, rstd_out, s);
+  if ((e = prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s)) != cudaSuccess) return e;
+  if ((e = ln_rows_forward(p, ws.xhat_in, ws.xhat_in_bf, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
+  if ((e = project<TAB>(p, ws, backward, s)) != cudaSuccess) return e;
+  if ((e = triangle_product<TAB>(p, ws, s)) != cudaSuccess) return e;
+  return ln_channel_major_forward(p, ws.x, ws.xhat_out, ws.xhat_out_bf, ws.mean_out, ws.rstd_out, s);
 }
 
 }  // namespace tpf::trimul

@@ -31,8 +31,8 @@ __device__ __forceinline__ Source wcat_source(int o, int Ch) {
 }
 
 // One thread per folded row: [4Ch + C rows of wcat][C rows of Wz].
-template <class T>
-__global__ void prep_kernel(WeightSet ws, Dims d, T* wcat, float* bcat, T* wz, float* bz) {
+__global__ void prep_kernel(WeightSet ws, Dims d, __half* wcat, float* bcat, __half* wz,
+                            float* bz, __nv_bfloat16* wcat_raw, __nv_bfloat16* wz_raw) {
   const int o = blockIdx.x * kThreads + threadIdx.x;
   const int ncat = static_cast<int>(d.proj_cols());
   if (o >= ncat + d.C) return;
@@ -41,11 +41,14 @@ __global__ void prep_kernel(WeightSet ws, Dims d, T* wcat, float* bcat, T* wz, f
   const WeightRef &W = ws.w[src.weight], &bias = ws.w[src.weight + 1];
   const WeightRef &gamma = ws.w[in ? kNormInW : kNormOutW], &beta = ws.w[in ? kNormInB : kNormOutB];
   const int K = static_cast<int>(in ? d.C : d.Ch);
-  T* dst = in ? wcat + int64_t(o) * K : wz + int64_t(o - ncat) * K;
+  const int64_t row = in ? o : o - ncat;
+  __half* dst = (in ? wcat : wz) + row * K;
+  __nv_bfloat16* raw = in ? wcat_raw : wz_raw;
   float b = weight_at(bias, 0, src.row);
   for (int c = 0; c < K; ++c) {
     const float w = weight_at(W, src.row, c);
-    dst[c] = dev::from_float<T>(w * weight_at(gamma, 0, c));
+    dst[c] = __float2half_rn(w * weight_at(gamma, 0, c));
+    if (raw) raw[row * K + c] = __float2bfloat16_rn(w);
     b += w * weight_at(beta, 0, c);
   }
   (in ? bcat[o] : bz[o - ncat]) = b;
@@ -79,38 +82,47 @@ __global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const 
 }
 
 // d gamma[c] = sum_o W[o][c] G[o][c], d beta[c] = sum_o W[o][c] S[o] over every row o that
-// reads the normalised input (both LayerNorms: one thread per channel).
+// reads the normalised input (both LayerNorms). One block per channel: each thread sums a
+// strided subset of rows, then a fixed-shape tree combines them (deterministic).
 __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const float* g_in,
                                      const float* s_in, const float* g_out, const float* s_out) {
-  const int t = blockIdx.x * kThreads + threadIdx.x;
-  if (t >= d.C + d.Ch) return;
+  __shared__ float red[2][kThreads];
+  const int t = blockIdx.x;
   const bool in = t < d.C;
   const int c = in ? t : t - static_cast<int>(d.C);
   const int K = static_cast<int>(in ? d.C : d.Ch);
   const int rows = static_cast<int>(in ? d.proj_cols() : d.C);
   float dg = 0.f, dbeta = 0.f;
-  for (int o = 0; o < rows; ++o) {
+  for (int o = threadIdx.x; o < rows; o += kThreads) {
     const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o};
     const float w = weight_at(ws.w[src.weight], src.row, c);
     dg += w * (in ? g_in : g_out)[int64_t(o) * K + c];
     dbeta += w * (in ? s_in : s_out)[o];
   }
+  red[0][threadIdx.x] = dg;
+  red[1][threadIdx.x] = dbeta;
+  for (int h = kThreads / 2; h > 0; h /= 2) {
+    __syncthreads();
+    if (threadIdx.x < h) {
+      red[0][threadIdx.x] += red[0][threadIdx.x + h];
+      red[1][threadIdx.x] += red[1][threadIdx.x + h];
+    }
+  }
+  if (threadIdx.x != 0) return;
   const WeightRef &dgamma = dws.w[in ? kNormInW : kNormOutW], &dbe = dws.w[in ? kNormInB : kNormOutB];
-  if (dgamma.ptr) store_any(dgamma, c, dg);
-  if (dbe.ptr) store_any(dbe, c, dbeta);
+  if (dgamma.ptr) store_any(dgamma, c, red[0][0]);
+  if (dbe.ptr) store_any(dbe, c, red[1][0]);
 }
 
 unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 }  // namespace
 
-cudaError_t prep_weights(const Problem& p, Operand16 t, void* wcat, float* bcat, void* wz,
-                         float* bz, cudaStream_t s) {
-  const unsigned g = blocks(p.d.proj_cols() + p.d.C);
-  if (t == Operand16::kFP16)
-    prep_kernel<<<g, kThreads, 0, s>>>(p.w, p.d, static_cast<__half*>(wcat), bcat, static_cast<__half*>(wz), bz);
-  else
-    prep_kernel<<<g, kThreads, 0, s>>>(p.w, p.d, static_cast<__nv_bfloat16*>(wcat), bcat, static_cast<__nv_bfloat16*>(wz), bz);
+cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
+                         void* wcat_raw, void* wz_raw, cudaStream_t s) {
+  prep_kernel<<<blocks(p.d.proj_cols() + p.d.C), kThreads, 0, s>>>(
+      p.w, p.d, static_cast<__half*>(wcat), bcat, static_cast<__half*>(wz), bz,
+      static_cast<__nv_bfloat16*>(wcat_raw), static_cast<__nv_bfloat16*>(wz_raw));
   return cudaGetLastError();
 }
 
@@ -123,7 +135,7 @@ cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float*
 cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* s_in,
                                   const float* g_out, const float* s_out, cudaStream_t s) {
   finalize_rows_kernel<<<blocks(p.d.proj_cols() + p.d.C), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out, s_out);
-  finalize_norm_kernel<<<blocks(p.d.C + p.d.Ch), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out, s_out);
+  finalize_norm_kernel<<<static_cast<unsigned>(p.d.C + p.d.Ch), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out, s_out);
   return cudaGetLastError();
 }
 

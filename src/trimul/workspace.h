@@ -25,21 +25,23 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
 }
 
 struct Workspace {
-  // Both passes. 16-bit buffers are in the pass's operand type (fp16 forward, bf16 backward),
-  // except x (bf16: its range is unbounded).
-  void *wcat = nullptr, *wz = nullptr;          // folded weights [4Ch + C][C], [C][Ch]
+  // Both passes (types: the precision plan in kernels.h).
+  void *wcat = nullptr, *wz = nullptr;          // fp16 folded weights [4Ch + C][C], [C][Ch]
   float *bcat = nullptr, *bz = nullptr;         // folded biases
-  void* xhat_in = nullptr;                      // [M][C]  LayerNorm_in(z) without affine
-  void *a = nullptr, *b = nullptr;              // channel-major
-  void* gate = nullptr;                         // [M][C]  sigmoid(output gate)
+  void* xhat_in = nullptr;                      // fp16 [M][C]  LayerNorm_in(z) without affine
+  void *a = nullptr, *b = nullptr;              // channel-major, fp16 forward / bf16 backward
+  void* gate = nullptr;                         // fp16 [M][C]  sigmoid / logit of the gate
   void* x = nullptr;                            // channel-major, bf16
-  void* xhat_out = nullptr;                     // [M][Ch] (forward: aliases xhat_in)
+  void* xhat_out = nullptr;                     // fp16 [M][Ch] (forward: aliases xhat_in)
   // Backward only.
+  void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights
+  void *xhat_in_bf = nullptr, *xhat_out_bf = nullptr;  // bf16 copies (weight-gradient operands)
   float *mean_in = nullptr, *rstd_in = nullptr, *mean_out = nullptr, *rstd_out = nullptr;  // [M]
   void* dy = nullptr;                           // [M][C]
   void* dlin = nullptr;                         // [M][4Ch + C]
   void* dxhat = nullptr;                        // [M][max(C, Ch)]: d xhat_out, then d xhat_in
-  void *dx = nullptr, *da = nullptr, *db = nullptr;  // channel-major
+  void* dx = nullptr;                           // channel-major bf16
+  float *da = nullptr, *db = nullptr;           // channel-major fp32
   float *colsum_dy = nullptr, *colsum_lin = nullptr;  // [m-tiles][C], [m-tiles][4Ch + C]
   float *part_in = nullptr, *part_out = nullptr;      // weight-gradient partials
   float *g_in = nullptr, *g_out = nullptr, *s_in = nullptr, *s_out = nullptr;
@@ -73,6 +75,10 @@ inline Workspace plan_workspace(const Dims& d, bool backward, void* base) {
     return w;
   }
   w.xhat_out = take(M * d.Ch, 2);
+  w.wcat_raw = take(P * d.C, 2);
+  w.wz_raw = take(d.C * d.Ch, 2);
+  w.xhat_in_bf = take(M * d.C, 2);
+  w.xhat_out_bf = take(M * d.Ch, 2);
   w.mean_in = static_cast<float*>(take(M, 4));
   w.rstd_in = static_cast<float*>(take(M, 4));
   w.mean_out = static_cast<float*>(take(M, 4));
@@ -81,8 +87,8 @@ inline Workspace plan_workspace(const Dims& d, bool backward, void* base) {
   w.dlin = take(M * P, 2);
   w.dxhat = take(M * std::max(d.C, d.Ch), 2);
   w.dx = take(d.cm_elems(), 2);
-  w.da = take(d.cm_elems(), 2);
-  w.db = take(d.cm_elems(), 2);
+  w.da = static_cast<float*>(take(d.cm_elems(), 4));
+  w.db = static_cast<float*>(take(d.cm_elems(), 4));
   w.colsum_dy = static_cast<float*>(take(mt * d.C, 4));
   w.colsum_lin = static_cast<float*>(take(mt * P, 4));
   w.split_in = wgrad_split(M, P, d.C);

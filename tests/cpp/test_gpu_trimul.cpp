@@ -2,6 +2,8 @@
 // itself, with the reason, on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "testing/gpu_trimul.h"
 #include "testing/tolerances.h"
 
@@ -58,6 +60,10 @@ TEST_P(GpuTrimul, MatchesFp64Reference) {
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   EXPECT_TRUE(run.deterministic) << "gradients differ between repeated calls";
   const auto err = harness::trimul_errors(p, ref, true);
+  std::string line = case_name(c) + " error/floor:";
+  for (size_t i = 0; i < err.names.size(); ++i)
+    line += " " + err.names[i] + "=" + std::to_string(err.error[i] / err.floor[i]).substr(0, 4);
+  std::printf("%s\n", line.c_str());
   for (size_t i = 0; i < err.names.size(); ++i) {
     const double factor = i == 0 ? harness::kTrimulOutFloorFactor : harness::kTrimulGradFloorFactor;
     if (err.floor[i] == 0.0) {
