@@ -71,10 +71,13 @@ def _load():
     lib.tpf_attention_backward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
                                            ctypes.c_void_p) + err
     targs = ctypes.POINTER(TpfTrimulArgs)
-    lib.tpf_trimul_forward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p) + err
-    lib.tpf_trimul_backward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_trimul_workspace_size.argtypes = (targs, ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)) + err
+    lib.tpf_trimul_forward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_void_p) + err
+    lib.tpf_trimul_backward.argtypes = lib.tpf_trimul_forward.argtypes
     for f in (lib.tpf_attention_forward, lib.tpf_attention_backward_workspace_size,
-              lib.tpf_attention_backward, lib.tpf_trimul_forward, lib.tpf_trimul_backward):
+              lib.tpf_attention_backward, lib.tpf_trimul_workspace_size, lib.tpf_trimul_forward,
+              lib.tpf_trimul_backward):
         f.restype = ctypes.c_int
     lib.tpf_version.restype = ctypes.c_char_p
     return lib, path

@@ -99,6 +99,8 @@ class TriangleMultiplicativeUpdate(nn.Module):
     def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         lead = z.shape[:-3]
         z = z.reshape(-1, *z.shape[-3:])
+        if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
+            z = z.to(torch.bfloat16)  # the CUDA kernels take bf16 pair tensors
         if mask is not None:
             mask = mask.reshape(-1, *mask.shape[-2:])
         out = triangle_multiplicative_update(

@@ -1,8 +1,8 @@
 """The triangle multiplicative update (AF3 Algorithms 12 and 13) as torch.library custom ops,
 argument-compatible with cuequivariance_torch.triangle_multiplicative_update.
 
-CPU tensors run the FP64 reference (exact, slow). The fused CUDA kernels are not built yet:
-CUDA tensors raise NotImplementedError naming what to do instead.
+CPU tensors run the FP64 reference (exact, slow); CUDA tensors (bf16 x, bf16 or fp32 weights)
+the fused kernels, with their workspace from PyTorch's caching allocator.
 """
 from __future__ import annotations
 
@@ -35,10 +35,19 @@ def _args(x, mask, weights, direction, eps, **extra) -> _native.TpfTrimulArgs:
     return a
 
 
-def _call(fn, a, x):
+def _call(fn, a, x, backward: bool):
     err = _native.error_buffer()
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _native.check(fn(ctypes.byref(a), int(x.is_cuda), _stream(x), err, len(err)), err)
+        workspace, ws_bytes = None, 0
+        if x.is_cuda:
+            size = ctypes.c_size_t(0)
+            _native.check(_native.LIB.tpf_trimul_workspace_size(
+                ctypes.byref(a), int(backward), ctypes.byref(size), err, len(err)), err)
+            ws_bytes = size.value
+            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)
+        _native.check(fn(ctypes.byref(a), int(x.is_cuda),
+                         ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None,
+                         ws_bytes, _stream(x), err, len(err)), err)
 
 
 # The twelve weights are separate optional arguments (not a list): the schema then says exactly
@@ -48,7 +57,7 @@ def _trimul_fwd(x: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: O
                 direction: int, eps: float) -> torch.Tensor:
     weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _call(_native.LIB.tpf_trimul_forward, _args(x, mask, weights, direction, eps, out=out), x)
+    _call(_native.LIB.tpf_trimul_forward, _args(x, mask, weights, direction, eps, out=out), x, False)
     return out
 
 
@@ -65,7 +74,7 @@ def _trimul_bwd(dout: torch.Tensor, x: torch.Tensor, mask: Optional[torch.Tensor
     dz = torch.empty_like(x, memory_format=torch.contiguous_format)
     dw = [torch.empty_like(w) if w is not None else None for w in weights]
     _call(_native.LIB.tpf_trimul_backward,
-          _args(x, mask, weights, direction, eps, dout=dout, dz=dz, dw=dw), x)
+          _args(x, mask, weights, direction, eps, dout=dout, dz=dz, dw=dw), x, True)
     # absent weights get an empty placeholder (a custom op returns tensors only)
     return [dz] + [g if g is not None else x.new_empty(0) for g in dw]
 
