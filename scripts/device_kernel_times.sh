@@ -13,8 +13,8 @@ tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in rows[hdr + 1:]:
     if len(r) <= v: continue
     name = re.sub(r'tpf::trimul::|tpf::attn::|\(anonymous namespace\)::|<unnamed>::|void |tpf::', '', r[k])
-    name = re.sub(r'\((const )?[A-Za-z:]+(<[^()]*>)?( const)?&?(, (const )?[A-Za-z:]+(<[^()]*>)?( const)?&?)*\)$', '', name)[:160]
-    scale = {'nsecond': 1e-3, 'usecond': 1.0, 'msecond': 1e3}.get(r[u], 1.0)
+    name = re.sub(r'\(trimul::Operand.*|\(const .*|\(trimul::WeightSet.*|\(trimul::PairRef.*|\(T1 .*|\(unsigned char.*', '', name)[:110]
+    scale = {'ns': 1e-3, 'nsecond': 1e-3, 'us': 1.0, 'usecond': 1.0, 'ms': 1e3, 'msecond': 1e3}[r[u]]
     tot[name] += float(r[v].replace(',', '')) * scale; cnt[name] += 1
 # each kernel ran (3 warm-up + 1 timed) times per pass in tpf bench: report per call
 for name, t in sorted(tot.items(), key=lambda x: -x[1]):

@@ -5,7 +5,28 @@
 
 namespace tpf::trimul {
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+// sigmoid(x) = 0.5 tanh(x / 2) + 0.5: one MUFU op (tanh.approx, |rel err| < 2^-10.9, below the
+// fp16/bf16 roundings that follow) instead of an exponential and a reciprocal.
+__device__ __forceinline__ float sigmoid(float x) {
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * x));
+  return fmaf(0.5f, t, 0.5f);
+}
+
+// Rows of the tile at m0 that lie inside [0, M).
+__device__ __forceinline__ int tile_rows(int64_t m0, int64_t M) {
+  return static_cast<int>(M - m0 < Cfg::kBlockM ? M - m0 : Cfg::kBlockM);
+}
+
+// Loads the tile's 128 bias values into the scratch area (bias[n0 + n], zero past `count`).
+// Synchronises; the scratch is then read-only until the epilogue's first column_sums.
+__device__ __forceinline__ const float* stage_bias(const EpiTile& t, const float* bias, int n0,
+                                                   int count) {
+  if (threadIdx.x < Cfg::kBlockN)
+    t.scratch[threadIdx.x] = n0 + static_cast<int>(threadIdx.x) < count ? bias[n0 + threadIdx.x] : 0.f;
+  __syncthreads();
+  return t.scratch;
+}
 
 template <class T>
 __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
@@ -25,28 +46,33 @@ struct ProjectEpilogue {
   bool gate_logit;
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M();
+    const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));
     if (n0 < 4 * d.Ch) {
       const int r = threadIdx.x % Cfg::kBlockM;  // fixed row per thread: one mask load
       const int64_t m = m0 + r;
       if (m >= M) return;
       const float mk = mask_at(mask, m, d.N);
       const bool row_end = m % d.N == d.N - 1;  // this pixel also zeroes the row's pads
-      const int64_t base = cm_offset(d, m, 0);
+      const int64_t base = cm_offset(d, m, 0), plane = d.plane();
+      const int Ch = static_cast<int>(d.Ch), pads = static_cast<int>(d.Np - d.N);
+#pragma unroll 4
       for (int c = threadIdx.x / Cfg::kBlockM; c < 64; c += Cfg::kThreads / Cfg::kBlockM) {
-        const float p = t.at(r, c) + bias[n0 + c], g = t.at(r, 64 + c) + bias[n0 + 64 + c];
-        const int ch = n0 / 2 + c, Ch = static_cast<int>(d.Ch);
-        T* dst = (ch < Ch ? a + base + ch * d.plane() : b + base + (ch - Ch) * d.plane());
+        const float p = t.at(r, c) + bs[c], g = t.at(r, 64 + c) + bs[64 + c];
+        const int ch = n0 / 2 + c;
+        T* dst = (ch < Ch ? a + ch * plane : b + (ch - Ch) * plane) + base;
         dst[0] = to16<T>(sigmoid(g) * p * mk);
         if (row_end)
-          for (int64_t j = 1; j < d.Np - d.N + 1; ++j) dst[j] = to16<T>(0.f);
+          for (int j = 1; j <= pads; ++j) dst[j] = to16<T>(0.f);
       }
     } else {
       const int col0 = n0 - 4 * static_cast<int>(d.Ch);
+      const int col = col0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
+      const float bn = bs[threadIdx.x % Cfg::kBlockN];
+      __half* g = gate + m0 * d.C + col;
       for_each_row_major([&](int r, int n) {
-        const int64_t m = m0 + r;
-        if (m < M && col0 + n < d.C) {
-          const float l = t.at(r, n) + bias[n0 + n];
-          gate[m * d.C + col0 + n] = __float2half_rn(gate_logit ? l : sigmoid(l));
+        if (m0 + r < M && col < d.C) {
+          const float l = t.at(r, n) + bn;
+          g[r * d.C] = __float2half_rn(gate_logit ? l : sigmoid(l));
         }
       });
     }
@@ -83,14 +109,15 @@ struct OutputEpilogue {
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     auto* o = static_cast<__nv_bfloat16*>(out.ptr);
     row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(out, m0 + r, d.N) : 0; });
-    for_each_row_major([&](int r, int n) {
-      const int64_t m = m0 + r;
-      const int c = n0 + n;
-      if (m < d.M() && c < d.C) {
-        const float s = dev::to_float(gate[m * d.C + c]);
-        o[t.rows[r] + c] = __float2bfloat16_rn(s * (t.at(r, n) + bias[c]));
-      }
-    });
+    const int c = n0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
+    const float bc = c < d.C ? bias[c] : 0.f;
+    const __half* g = gate + m0 * d.C + c;
+    const int rows = tile_rows(m0, d.M());
+    for_each_row_major_prefetched<16>(
+        [&](int r) { return r < rows && c < d.C ? __half2float(g[r * d.C]) : 0.f; },
+        [&](int r, int n, float s) {
+          if (r < rows && c < d.C) o[t.rows[r] + c] = __float2bfloat16_rn(s * (t.at(r, n) + bc));
+        });
   }
 };
 
@@ -113,15 +140,24 @@ struct OutGradEpilogue {
     const int64_t ldl = d.proj_cols(), gcol = 4 * d.Ch;
     float sum_dy = 0.f, sum_dg = 0.f;
     row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(dout, m0 + r, d.N) : 0; });
-    for_each_row_major([&](int r, int n) {
-      const int64_t m = m0 + r;
-      const int c = n0 + n;
-      if (m < d.M() && c < d.C) {
-        const float s = sigmoid(__half2float(gate[m * d.C + c])), y = t.at(r, n) + bias[c];
-        const float g = __bfloat162float(go[t.rows[r] + c]);
+    const int cc = n0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
+    const float bc = cc < d.C ? bias[cc] : 0.f;
+    const int rows = tile_rows(m0, d.M());
+    const __half* gt = gate + m0 * d.C + cc;
+    T* dyp = dy + m0 * d.C + cc;
+    T* dgp = dlin + m0 * ldl + gcol + cc;
+    for_each_row_major_prefetched<16>(
+        [&](int r) {
+          return r < rows && cc < d.C
+                     ? make_float2(__half2float(gt[r * d.C]), __bfloat162float(go[t.rows[r] + cc]))
+                     : make_float2(0.f, 0.f);
+        },
+        [&](int r, int n, float2 v) {
+      if (r < rows && cc < d.C) {
+        const float s = sigmoid(v.x), y = t.at(r, n) + bc, g = v.y;
         const float vdy = g * s, vdg = g * y * s * (1.f - s);
-        dy[m * d.C + c] = to16<T>(vdy);
-        dlin[m * ldl + gcol + c] = to16<T>(vdg);
+        dyp[r * d.C] = to16<T>(vdy);
+        dgp[r * ldl] = to16<T>(vdg);
         sum_dy += vdy;
         sum_dg += vdg;
       }
@@ -148,17 +184,28 @@ struct ProjectBackwardEpilogue {
   float* colsum_lin;  // [m-tiles][4Ch + C]
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M(), ldl = d.proj_cols();
+    const float* bs = stage_bias(t, bias, n0, static_cast<int>(ldl));
     {
       const int r = threadIdx.x % Cfg::kBlockM;
       const int64_t m = m0 + r;
       const float mk = m < M ? mask_at(mask, m, d.N) : 0.f;
-      const int64_t base = m < M ? cm_offset(d, m, 0) : 0;
-      for (int c = threadIdx.x / Cfg::kBlockM; c < 64; c += Cfg::kThreads / Cfg::kBlockM) {
+      const int64_t base = m < M ? cm_offset(d, m, 0) : 0, plane = d.plane();
+      const int Ch = static_cast<int>(d.Ch);
+      constexpr int kStep = Cfg::kThreads / Cfg::kBlockM, kPer = 64 / kStep;
+      const int c0 = threadIdx.x / Cfg::kBlockM;
+      float ups[kPer];  // all of this thread's upstream loads in flight together
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int ch = n0 / 2 + c0 + i * kStep;
+        ups[i] = m < M ? (ch < Ch ? da + ch * plane : db + (ch - Ch) * plane)[base] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int c = c0 + i * kStep;
         float dp = 0.f, dg = 0.f;
         if (m < M) {
-          const float p = t.at(r, c) + bias[n0 + c], g = t.at(r, 64 + c) + bias[n0 + 64 + c];
-          const int ch = n0 / 2 + c, Ch = static_cast<int>(d.Ch);
-          const float up = (ch < Ch ? da[base + ch * d.plane()] : db[base + (ch - Ch) * d.plane()]) * mk;
+          const float p = t.at(r, c) + bs[c], g = t.at(r, 64 + c) + bs[64 + c];
+          const float up = ups[i] * mk;
           const float s = sigmoid(g);
           dp = up * s;
           dg = up * p * s * (1.f - s);
@@ -169,10 +216,11 @@ struct ProjectBackwardEpilogue {
     }
     __syncthreads();
     float sum = 0.f;
+    const int rows = tile_rows(m0, M);
+    T* out = dlin + m0 * ldl + n0 + threadIdx.x % Cfg::kBlockN;
     for_each_row_major([&](int r, int n) {
-      const int64_t m = m0 + r;
-      if (m < M) {
-        dlin[m * ldl + n0 + n] = to16<T>(t.at(r, n));
+      if (r < rows) {
+        out[r * ldl] = to16<T>(t.at(r, n));
         sum += t.at(r, n);
       }
     });

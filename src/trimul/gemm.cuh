@@ -62,6 +62,22 @@ __device__ __forceinline__ void for_each_row_major(F&& f) {
   for (int r = r0; r < Cfg::kBlockM; r += kRowStep) f(r, n);
 }
 
+// The same walk for epilogues that read global memory per element: `load(r)` runs for a batch
+// of rows first, so its loads are in flight together, then `use(r, n, value)`.
+template <int kBatch, class L, class U>
+__device__ __forceinline__ void for_each_row_major_prefetched(L&& load, U&& use) {
+  constexpr int kRowStep = Cfg::kThreads / Cfg::kBlockN, kRows = Cfg::kBlockM / kRowStep;
+  static_assert(kRows % kBatch == 0, "whole batches");
+  const int n = threadIdx.x % Cfg::kBlockN, r0 = threadIdx.x / Cfg::kBlockN;
+  for (int b = 0; b < kRows; b += kBatch) {
+    decltype(load(0)) v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) v[i] = load(r0 + (b + i) * kRowStep);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) use(r0 + (b + i) * kRowStep, n, v[i]);
+  }
+}
+
 // Combines the per-thread column sums of for_each_row_major in a fixed order; thread n < 128
 // gets column n's total. Every thread of the block must call it.
 __device__ __forceinline__ float column_sums(const EpiTile& t, float mine) {
@@ -148,8 +164,11 @@ template <class T, Major AM, Major BMJ, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 2)
     gemm_kernel(const Operand A, const Operand B, const GemmShape s, const Epi epi) {
   extern __shared__ __align__(128) uint8_t smem[];
-  const int64_t m0 = int64_t(blockIdx.x) * Cfg::kBlockM;
-  const int n0 = blockIdx.y * Cfg::kBlockN;
+  // Tiles in n-fastest order: the blocks sharing an A row block run together and read it from
+  // L2 once (the projections have 5 n-tiles over the same 128 pixel rows).
+  const int n_tiles = (s.N + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int64_t m0 = int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
+  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * Cfg::kBlockN;
   const int z = blockIdx.z;
   const int64_t k_begin = s.k_chunk ? z * s.k_chunk : 0;
   const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
@@ -226,9 +245,9 @@ cudaError_t launch_gemm(const Operand& A, const Operand& B, const GemmShape& s, 
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmemBytes);
   if (attr != cudaSuccess) return attr;
-  const dim3 grid(static_cast<unsigned>((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM),
-                  static_cast<unsigned>((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN),
-                  static_cast<unsigned>(batches));
+  const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) *
+                                        ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)),
+                  1, static_cast<unsigned>(batches));
   kernel<<<grid, Cfg::kThreads, kGemmSmemBytes, stream>>>(A, B, s, epi);
   return cudaGetLastError();
 }

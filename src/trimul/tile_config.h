@@ -8,14 +8,16 @@ struct GemmConfig {
   // product N x N per channel, so 128 keeps edge waste small at N >= 384 while a block's
   // 16 KB of operands per k-step amortise the epilogue's pass through shared memory.
   static constexpr int kBlockM = 128, kBlockN = 128;
-  // k-step of 32 (64-byte rows of the K-major tiles): K is C or Ch (32..256) for the
-  // projections, so 32 is the largest step that divides every supported width.
-  static constexpr int kBlockK = 32;
+  // k-step of 64 (128-byte rows of the K-major tiles): half the barriers of a 32 step on the
+  // long-K triangle product, and K = C = 128 (the common width) takes two steps. Widths that are
+  // not multiples of 64 (32, 96) zero-fill the last step.
+  static constexpr int kBlockK = 64;
   // 8 warps as 2 (m) x 4 (n): each warp owns a 64 x 32 accumulator (64 fp32 registers), which
   // leaves room for two blocks per SM at <= 128 registers per thread.
   static constexpr int kWarpsM = 2, kWarpsN = 4, kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kWarpTileM = kBlockM / kWarpsM, kWarpTileN = kBlockN / kWarpsN;
-  // Three cp.async stages hide global latency for the long-K triangle product (K = N).
+  // Three cp.async stages hide global latency for the long-K triangle product (K = N): 96 KB,
+  // two blocks per SM (registers allow two anyway).
   static constexpr int kStages = 3;
   // The epilogue stages the fp32 accumulator tile in shared memory with rows padded by one
   // float: column walks (channel-major stores) and row walks are then both conflict-free.
