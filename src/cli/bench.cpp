@@ -27,8 +27,9 @@ struct Result {
   double workspace_mib, peak_mib;
 };
 
-template <class F>
-double median_ms(F&& fn, int warmup, int iters) {
+}  // namespace
+
+double median_ms(const std::function<void()>& fn, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) fn();
   cudaEvent_t a, b;
   cuda_ok(cudaEventCreate(&a), "event");
@@ -48,6 +49,8 @@ double median_ms(F&& fn, int warmup, int iters) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+
+namespace {
 
 Result bench_attention(int N, int D, int H, int S, bool compensate, bool dbias_on, int iters) {
   harness::DeviceAttention p(S, H, N, D, /*seed=*/1, 0.8, compensate, dbias_on);

@@ -8,6 +8,7 @@
 #include "testing/attention_problem.h"
 #include "testing/finite_diff.h"
 #include "testing/gpu_attention.h"
+#include "testing/gpu_trimul.h"
 #include "testing/tolerances.h"
 #include "testing/trimul_problem.h"
 
@@ -120,6 +121,43 @@ void gpu_attention_checks(std::vector<Row>& rows) {
   }
 }
 
+void gpu_trimul_checks(std::vector<Row>& rows) {
+  struct C {
+    int64_t B, N, C, Ch;
+    bool outgoing;
+    DType weights;
+  };
+  for (const C& c : {C{1, 7, 64, 64, true, DType::kBF16}, C{1, 100, 128, 128, false, DType::kBF16},
+                     C{2, 57, 96, 32, true, DType::kFP32}}) {
+    auto p = test::TrimulProblem::random(c.B, c.N, c.C, c.Ch, 90 + c.N, DType::kBF16, c.weights);
+    p.direction = c.outgoing ? TrimulDirection::kOutgoing : TrimulDirection::kIncoming;
+    auto ref = harness::trimul_fp64_copy(p);
+    reference::trimul_forward(ref.fwd());
+    reference::trimul_backward(ref.bwd());
+    const auto run = harness::run_trimul_gpu(p, true, 5);
+    std::ostringstream name;
+    name << "GPU trimul " << (c.outgoing ? "outgoing" : "incoming") << " B=" << c.B << " N=" << c.N
+         << " C=" << c.C << " Ch=" << c.Ch << (c.weights == DType::kFP32 ? " fp32 w" : "");
+    if (!run.status.ok()) {
+      rows.push_back({name.str(), false, run.status.message()});
+      continue;
+    }
+    const auto e = harness::trimul_errors(p, ref, true);
+    bool ok = run.deterministic;
+    double worst = 0;
+    for (size_t i = 0; i < e.names.size(); ++i) {
+      const double ratio = e.error[i] / e.floor[i];
+      ok = ok && ratio <= (i == 0 ? harness::kTrimulOutFloorFactor : harness::kTrimulGradFloorFactor);
+      if (i >= 2) worst = std::max(worst, ratio);
+    }
+    std::ostringstream d;
+    d << "err/floor out " << fmt("%.2f", e.error[0] / e.floor[0]) << " dz "
+      << fmt("%.2f", e.error[1] / e.floor[1]) << " weights <= " << fmt("%.2f", worst)
+      << (run.deterministic ? "; 5 calls bitwise identical" : "; NOT DETERMINISTIC");
+    rows.push_back({name.str(), ok, d.str()});
+  }
+}
+
 }  // namespace
 
 int cmd_check(const Args& args) {
@@ -135,7 +173,10 @@ int cmd_check(const Args& args) {
   reference_attention_checks(rows);
   reference_trimul_checks(rows);
   const bool gpu = cuda_device_count() > 0 && !has_flag(args, "--cpu-only");
-  if (gpu) gpu_attention_checks(rows);
+  if (gpu) {
+    gpu_attention_checks(rows);
+    gpu_trimul_checks(rows);
+  }
   bool all_ok = true;
   for (const auto& r : rows) all_ok = all_ok && r.ok;
   if (has_flag(args, "--json")) {

@@ -1,5 +1,6 @@
 // The `tpf` command: subcommands and the small helpers they share.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,10 @@ int cmd_info(const Args& args);
 int cmd_check(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_accuracy(const Args& args);
+int cmd_trimul_table(const Args& args);
+
+// Median CUDA-event time of fn() over `iters` calls after `warmup` calls, in ms (bench.cpp).
+double median_ms(const std::function<void()>& fn, int warmup, int iters);
 
 bool has_flag(const Args& args, const std::string& flag);
 // Value after `--name`, or `fallback`.

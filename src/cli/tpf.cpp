@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
       "  info    build, GPU and support matrix\n"
       "  check   accuracy and determinism against the FP64 reference (works without a GPU)\n"
       "  bench   kernel timings (needs a GPU)\n"
-      "  accuracy  accuracy table against FP64 and the determinism sweep (needs a GPU)\n\n"
+      "  accuracy  accuracy table against FP64 and the determinism sweep (needs a GPU)\n"
+      "  trimul-table  multiplicative update: time, memory and accuracy table (needs a GPU)\n\n"
       "Run 'tpf <command> --help' for a command's options.";
   if (all.empty() || all[0] == "--help" || all[0] == "-h" || all[0] == "help") {
     std::puts(usage.c_str());
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
     if (all[0] == "check") return cmd_check(rest);
     if (all[0] == "bench") return cmd_bench(rest);
     if (all[0] == "accuracy") return cmd_accuracy(rest);
+    if (all[0] == "trimul-table") return cmd_trimul_table(rest);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tpf %s: error: %s\n", all[0].c_str(), e.what());
     return 1;

@@ -2,8 +2,12 @@
 // itself, with the reason, on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <cuda_bf16.h>
+
+#include <cmath>
 #include <cstdio>
 
+#include "testing/device_trimul.h"
 #include "testing/gpu_trimul.h"
 #include "testing/tolerances.h"
 
@@ -93,6 +97,137 @@ std::vector<TrimulCase> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuTrimul, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+}  // namespace
+}  // namespace tpf::test
+
+namespace tpf::test {
+namespace {
+
+// FP64 output of the outgoing update at pixel (i, j) from host copies of z rows i and j:
+// x[i,j] needs a over row i and b over row j only.
+std::vector<double> sampled_outgoing_out(const std::vector<float>& zi, const std::vector<float>& zj,
+                                         const std::vector<float>& zij, const std::vector<float>& mi,
+                                         const std::vector<float>& mj,
+                                         const std::vector<std::vector<float>>& w, int64_t N,
+                                         int64_t C, int64_t Ch) {
+  auto ln = [](const float* v, int64_t n, const std::vector<float>& g, const std::vector<float>& b) {
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < n; ++c) mu += v[c];
+    mu /= n;
+    for (int64_t c = 0; c < n; ++c) var += (v[c] - mu) * (v[c] - mu);
+    const double rs = 1.0 / std::sqrt(var / n + 1e-5);
+    std::vector<double> o(n);
+    for (int64_t c = 0; c < n; ++c) o[c] = (v[c] - mu) * rs * g[c] + b[c];
+    return o;
+  };
+  auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  auto proj = [&](const std::vector<double>& zn, int64_t row, const std::vector<float>& W,
+                  const std::vector<float>& bias) {
+    double s = bias[row];
+    for (int64_t c = 0; c < C; ++c) s += zn[c] * W[row * C + c];
+    return s;
+  };
+  std::vector<double> x(Ch, 0.0);
+  for (int64_t k = 0; k < N; ++k) {
+    const auto zni = ln(&zi[k * C], C, w[0], w[1]), znj = ln(&zj[k * C], C, w[0], w[1]);
+    for (int64_t c = 0; c < Ch; ++c) {
+      const double a = sig(proj(zni, c, w[4], w[5])) * proj(zni, c, w[2], w[3]) * mi[k];
+      const double b = sig(proj(znj, Ch + c, w[4], w[5])) * proj(znj, Ch + c, w[2], w[3]) * mj[k];
+      x[c] += a * b;
+    }
+  }
+  std::vector<float> xf(x.begin(), x.end());
+  std::vector<double> xn(Ch);
+  {
+    double mu = 0, var = 0;
+    for (double v : x) mu += v;
+    mu /= Ch;
+    for (double v : x) var += (v - mu) * (v - mu);
+    const double rs = 1.0 / std::sqrt(var / Ch + 1e-5);
+    for (int64_t c = 0; c < Ch; ++c) xn[c] = (x[c] - mu) * rs * w[6][c] + w[7][c];
+  }
+  const auto zn = ln(zij.data(), C, w[0], w[1]);
+  std::vector<double> out(C);
+  for (int64_t o = 0; o < C; ++o) {
+    double y = w[9][o], g = w[11][o];
+    for (int64_t c = 0; c < Ch; ++c) y += xn[c] * w[8][o * Ch + c];
+    for (int64_t c = 0; c < C; ++c) g += zn[c] * w[10][o * C + c];
+    out[o] = sig(g) * y;
+  }
+  return out;
+}
+
+std::vector<float> fetch_bf16(const void* dev, int64_t offset, int64_t count) {
+  std::vector<__nv_bfloat16> h(count);
+  harness::cuda_ok(cudaMemcpy(h.data(), static_cast<const __nv_bfloat16*>(dev) + offset, count * 2,
+                              cudaMemcpyDeviceToHost), "D2H");
+  std::vector<float> f(count);
+  for (int64_t i = 0; i < count; ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+
+// Issue 5: N = 3072 at C = 128 runs forward and backward without index overflow. The forward
+// is checked against an FP64 reference at sampled pixels; the backward for finite, bitwise
+// repeatable gradients.
+TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (GPU tests need an sm_90a device)";
+  constexpr int64_t N = 3072, C = 128;
+  harness::DeviceTrimul p(1, N, C, C, true, 2024);
+  // Weights of a trained scale: N(0, 1/C) projections, LayerNorm gains near 1.
+  std::vector<std::vector<float>> w(12);
+  const TrimulWeights& fw = p.fwd.w;
+  const TensorView* views[12] = {&fw.norm_in_weight, &fw.norm_in_bias, &fw.p_in_weight, &fw.p_in_bias,
+                                 &fw.g_in_weight, &fw.g_in_bias, &fw.norm_out_weight, &fw.norm_out_bias,
+                                 &fw.p_out_weight, &fw.p_out_bias, &fw.g_out_weight, &fw.g_out_bias};
+  for (int i = 0; i < 12; ++i) {
+    const TensorView& t = *views[i];
+    std::vector<float> v = fetch_bf16(t.data, 0, t.numel());
+    const bool gain = i == 0 || i == 6, matrix = t.rank == 2;
+    for (auto& x : v) x = gain ? 1.f + 0.1f * x : matrix ? x / std::sqrt(float(t.shape[1])) : 0.1f * x;
+    std::vector<__nv_bfloat16> hb(v.size());
+    for (size_t k = 0; k < v.size(); ++k) hb[k] = __float2bfloat16_rn(v[k]), v[k] = __bfloat162float(hb[k]);
+    harness::cuda_ok(cudaMemcpy(t.data, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice), "H2D");
+    w[i] = v;
+  }
+  p.forward();
+  harness::cuda_ok(cudaDeviceSynchronize(), "forward");
+  const int64_t samples[][2] = {{0, 0}, {1, 3071}, {1536, 17}, {3071, 3071}, {2047, 1024}, {3000, 5}};
+  std::vector<double> got, want;
+  for (const auto& s : samples) {
+    const int64_t i = s[0], j = s[1];
+    const auto zi = fetch_bf16(p.z.get(), i * N * C, N * C), zj = fetch_bf16(p.z.get(), j * N * C, N * C);
+    const auto zij = fetch_bf16(p.z.get(), (i * N + j) * C, C);
+    std::vector<uint8_t> mi(N), mj(N);
+    harness::cuda_ok(cudaMemcpy(mi.data(), static_cast<uint8_t*>(p.mask.get()) + i * N, N, cudaMemcpyDeviceToHost), "D2H");
+    harness::cuda_ok(cudaMemcpy(mj.data(), static_cast<uint8_t*>(p.mask.get()) + j * N, N, cudaMemcpyDeviceToHost), "D2H");
+    const auto ref = sampled_outgoing_out(zi, zj, zij, std::vector<float>(mi.begin(), mi.end()),
+                                          std::vector<float>(mj.begin(), mj.end()), w, N, C, C);
+    const auto out = fetch_bf16(p.out.get(), (i * N + j) * C, C);
+    got.insert(got.end(), out.begin(), out.end());
+    want.insert(want.end(), ref.begin(), ref.end());
+  }
+  std::vector<double> rounded(want.size());
+  for (size_t k = 0; k < want.size(); ++k) rounded[k] = detail::round_to(DType::kBF16, want[k]);
+  const double err = rel_rmse(got, want), floor = rel_rmse(rounded, want);
+  std::printf("N=3072 sampled out error/floor: %.2f\n", err / floor);
+  EXPECT_LE(err, harness::kTrimulOutFloorFactor * floor) << "rel RMSE " << err << " floor " << floor;
+
+  std::vector<std::vector<float>> first;
+  for (int rep = 0; rep < 2; ++rep) {
+    p.backward();
+    harness::cuda_ok(cudaDeviceSynchronize(), "backward");
+    std::vector<std::vector<float>> now = {fetch_bf16(p.dz.get(), 0, N * N * C)};
+    for (auto& g : p.dw) now.push_back(fetch_bf16(g.get(), 0, g.bytes() / 2));
+    if (rep == 0) {
+      for (const auto& v : now)
+        for (float x : v) ASSERT_TRUE(std::isfinite(x)) << "non-finite gradient";
+      first = std::move(now);
+    } else {
+      EXPECT_TRUE(now == first) << "gradients differ between two backward calls";
+    }
+  }
+}
 
 }  // namespace
 }  // namespace tpf::test
