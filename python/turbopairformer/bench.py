@@ -92,30 +92,58 @@ def attention_inputs(N, D, seed, device="cuda"):
 
 
 # ------------------------------------------------------------------------------- trimul backends
+TRIMUL_WEIGHTS = ("norm_in_weight", "norm_in_bias", "p_in_weight", "p_in_bias", "g_in_weight", "g_in_bias",
+                  "norm_out_weight", "norm_out_bias", "p_out_weight", "p_out_bias", "g_out_weight", "g_out_bias")
+
+
+def _eager_trimul(x, mask, w, eps=1e-5):
+    """AF3 Algorithm 12 (outgoing) in plain PyTorch, cuEquivariance's weight packing."""
+    C, Ch = x.shape[-1], w["p_in_weight"].shape[0] // 2
+    xn = torch.nn.functional.layer_norm(x, (C,), w["norm_in_weight"], w["norm_in_bias"], eps)
+    ab = torch.sigmoid(torch.nn.functional.linear(xn, w["g_in_weight"], w["g_in_bias"])) * \
+        torch.nn.functional.linear(xn, w["p_in_weight"], w["p_in_bias"]) * mask[..., None]
+    a, b = ab[..., :Ch], ab[..., Ch:]
+    y = torch.einsum("bikc,bjkc->bijc", a, b)
+    y = torch.nn.functional.layer_norm(y, (Ch,), w["norm_out_weight"], w["norm_out_bias"], eps)
+    return torch.sigmoid(torch.nn.functional.linear(xn, w["g_out_weight"], w["g_out_bias"])) * \
+        torch.nn.functional.linear(y, w["p_out_weight"], w["p_out_bias"])
+
+
 def trimul_backends():
+    """name -> fn(x, mask, weights dict) -> out, or a reason it is unavailable. Every backend
+    takes cuEquivariance's argument names and packing, so one set of weights serves all."""
     import turbopairformer as tpf
-    def make(compile_):
-        def build(C):
-            from torch import nn
-            class Eager(nn.Module):  # AF3 Algorithm 12, plain PyTorch
-                def __init__(self):
-                    super().__init__()
-                    self.ln_in, self.ln_out = nn.LayerNorm(C), nn.LayerNorm(C)
-                    self.p, self.g, self.z, self.go = nn.Linear(C, 2 * C), nn.Linear(C, 2 * C), nn.Linear(C, C), nn.Linear(C, C)
-                def forward(self, x, mask):
-                    x = self.ln_in(x)
-                    ab = torch.sigmoid(self.g(x)) * self.p(x) * mask[..., None]
-                    a, b = ab.chunk(2, -1)
-                    y = torch.einsum("bikc,bjkc->bijc", a, b)
-                    return torch.sigmoid(self.go(x)) * self.z(self.ln_out(y))
-            m = Eager().cuda().bfloat16()
-            return torch.compile(m) if compile_ else m
-        return build
-    return {
-        "turbopairformer": lambda C: tpf.TriangleMultiplicativeUpdate(C, C).cuda().bfloat16(),
-        "pytorch_eager": make(False),
-        "torch_compile": make(True),
+    b = {
+        "turbopairformer": lambda x, mask, w: tpf.triangle_multiplicative_update(x, "outgoing", mask, **w),
+        "pytorch_eager": _eager_trimul,
+        "torch_compile": torch.compile(_eager_trimul),
     }
+    try:
+        import cuequivariance_torch as cueq
+        b["cuequivariance"] = lambda x, mask, w: cueq.triangle_multiplicative_update(x, "outgoing", mask, **w)
+    except Exception:
+        b["cuequivariance"] = "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+    return b
+
+
+def trimul_inputs(N, C, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(1, N, N, C, device=device, generator=g).bfloat16()
+    mask = (torch.rand(1, N, N, device=device, generator=g) < 0.9).bfloat16()
+    dout = torch.randn(1, N, N, C, device=device, generator=g).bfloat16()
+    w = {}
+    for name in TRIMUL_WEIGHTS:
+        shape = {"p_in_weight": (2 * C, C), "g_in_weight": (2 * C, C), "p_out_weight": (C, C),
+                 "g_out_weight": (C, C), "p_in_bias": (2 * C,), "g_in_bias": (2 * C,)}.get(name, (C,))
+        t = torch.randn(*shape, device=device, generator=g)
+        if name.endswith("weight") and len(shape) == 2:
+            t = t / math.sqrt(shape[1])
+        elif name.startswith("norm") and name.endswith("weight"):
+            t = 1 + 0.1 * t
+        else:
+            t = 0.1 * t
+        w[name] = t.bfloat16()
+    return x, mask, w, dout
 
 
 # --------------------------------------------------------------------------------- measurement
@@ -223,31 +251,53 @@ def _native_layout_like(dout, prep, q, k, v, bias, mask):
     return prep(dout, k, v, bias, mask)[0]
 
 
-def run_trimul(backends, Ns, progress, rows, save, C=128):
-    for name, build in backends.items():
+def run_trimul(backends, Ns, accuracy_n, progress, rows, save, C=128):
+    for name, fn in backends.items():
         for N in Ns:
             progress(f"trimul {name} N={N}")
             row = {"op": "triangle_multiplicative_update", "backend": name, "N": N, "C": C}
             rows.append(row)
+            if isinstance(fn, str):
+                row["status"] = fn
+                continue
             try:
-                m = build(C)
                 sets = []
                 for seed in range(3):
-                    g = torch.Generator(device="cuda").manual_seed(seed)
-                    x = torch.randn(1, N, N, C, device="cuda", generator=g).bfloat16().requires_grad_(True)
-                    mask = (torch.rand(1, N, N, device="cuda", generator=g) < 0.9).bfloat16()
-                    sets.append((x, mask))
-                row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(m, lambda a: a[:1], sets)
+                    x, mask, w, _ = trimul_inputs(N, C, seed)
+                    leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
+                    sets.append((x, mask, w, leaves))
+                row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(
+                    lambda x, mask, w, leaves: fn(x, mask, w), lambda a: a[3], sets)
+                if N == accuracy_n:
+                    row.update(trimul_accuracy(fn, N, C))
                 row["status"] = "ok"
-            except NotImplementedError:
-                row["status"] = "not implemented on CUDA yet (issue 5)"
             except torch.cuda.OutOfMemoryError:
                 row["status"] = "out of memory"
             except Exception as e:  # noqa: BLE001
                 row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
             finally:
+                sets = None
                 torch.cuda.empty_cache()
                 save()
+
+
+def trimul_accuracy(fn, N, C):
+    x, mask, w, dout = trimul_inputs(N, C, 99)
+    x64 = x.double().requires_grad_(True)
+    w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
+    ref = _eager_trimul(x64, mask.double(), w64)
+    ref_grads = torch.autograd.grad(ref, [x64] + [w64[k] for k in TRIMUL_WEIGHTS], dout.double())
+    runs = []
+    for _ in range(5):
+        xl = x.detach().requires_grad_(True)
+        wl = {k: v.detach().requires_grad_(True) for k, v in w.items()}
+        out = fn(xl, mask, wl)
+        runs.append(torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout, allow_unused=True))
+    det = all(all(torch.equal(a, b) for a, b in zip(r, runs[0]) if a is not None) for r in runs[1:])
+    res = {"deterministic_5_calls": det, "rmse_out": rel(out.detach(), ref.detach()), "rmse_dz": rel(runs[0][0], ref_grads[0])}
+    worst = max((rel(g, r), k) for g, r, k in zip(runs[0][1:], ref_grads[1:], TRIMUL_WEIGHTS) if g is not None)
+    res["rmse_worst_weight_grad"], res["worst_weight"] = worst
+    return res
 
 
 def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_version: str = None):
@@ -256,19 +306,21 @@ def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_versio
     (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch_version, "rows": rows}, indent=1))
     lines = [f"# Pairformer kernels on {gpu}", "",
              "![triangle attention](triangle_attention.png)", "",
+             "![triangle multiplicative update](triangle_multiplicative_update.png)", "",
              f"PyTorch {torch_version}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
-             "Multiplicative update: C=128, bf16. Median ms of CUDA-event-timed calls; peak memory "
+             "Multiplicative update: B=1, C=Ch=128, outgoing, bf16 (x, weights), 10% of pairs masked. Median ms of CUDA-event-timed calls; peak memory "
              "of forward+backward above the inputs. Made by `python -m turbopairformer.bench`.", ""]
     lines += [f"**Note:** {r['status']}" for r in rows if r["op"] == "note"]
     for op in ("triangle_attention", "triangle_multiplicative_update"):
         sub = [r for r in rows if r["op"] == op]
         if not sub:
             continue
-        lines += [f"## {op}", "", "| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, dq) | deterministic | status |",
+        grad = "dq" if op == "triangle_attention" else "dz"
+        lines += [f"## {op}", "", f"| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, {grad}) | deterministic | status |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in sub:
             f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "—"
-            acc = f"{f('rmse_out', '{:.2e}')}, {f('rmse_dq', '{:.2e}')}" if "rmse_out" in r else "—"
+            acc = f"{f('rmse_out', '{:.2e}')}, {f('rmse_' + grad, '{:.2e}')}" if "rmse_out" in r else "—"
             det = {True: "yes", False: "NO"}.get(r.get("deterministic_5_calls"), "—")
             lines.append(f"| {r['backend']} | {r['N']} | {r.get('D', '—')} | {f('fwd_ms')} | {f('fwd_bwd_ms')} | "
                          f"{f('peak_mib', '{:.0f}')} | {acc} | {det} | {r['status']} |")
@@ -347,7 +399,7 @@ def main(argv=None):
     out = Path(args.out) if args.out else Path("bench/results") / re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower())).strip("-")
     att = attention_backends()
     tri = trimul_backends()
-    for name, b in att.items():
+    for name, b in list(att.items()) + list(tri.items()):
         if isinstance(b, str):
             print(f"skipping {name}: {b}", file=sys.stderr)
     ops = args.ops.split(",")
@@ -379,7 +431,7 @@ def main(argv=None):
         if "attention" in ops:
             run_attention(att, Ns, Ds, args.accuracy_n, progress, rows, save)
         if "trimul" in ops:
-            run_trimul(tri, tri_Ns, progress, rows, save)
+            run_trimul(tri, tri_Ns, args.accuracy_n, progress, rows, save)
     except _OutOfTime:
         rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped: --budget {args.budget} s reached"})
     write_report(rows, out, gpu)
