@@ -64,17 +64,36 @@ inline Workspace plan_workspace(const Dims& d, bool backward, void* base) {
   w.bcat = static_cast<float*>(take(P, 4));
   w.wz = take(d.C * d.Ch, 2);
   w.bz = static_cast<float*>(take(d.C, 4));
-  w.xhat_in = take(M * (backward ? d.C : std::max(d.C, d.Ch)), 2);
-  w.a = take(d.cm_elems(), 2);
-  w.b = take(d.cm_elems(), 2);
-  w.gate = take(M * d.C, 2);
-  w.x = take(d.cm_elems(), 2);
   if (!backward) {
+    w.xhat_in = take(M * std::max(d.C, d.Ch), 2);
     w.xhat_out = w.xhat_in;  // xhat_in is dead once a, b and the gate exist
+    w.a = take(d.cm_elems(), 2);
+    w.b = take(d.cm_elems(), 2);
+    w.gate = take(M * d.C, 2);
+    w.x = take(d.cm_elems(), 2);
     w.bytes = off;
     return w;
   }
-  w.xhat_out = take(M * d.Ch, 2);
+  w.xhat_in = take(M * d.C, 2);
+  w.a = take(d.cm_elems(), 2);
+  w.b = take(d.cm_elems(), 2);
+  // Two regions hold buffers whose lives end before da and db begin (backward.cu's order):
+  // the gate and xhat_out die in the output stage, x and d xhat_out in LayerNorm_out's
+  // backward; da and db (fp32, written by the transposed products) then reuse the regions,
+  // and d xhat_in reuses the second one's tail once db is consumed.
+  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t cm4 = d.cm_elems() * 4, gate_bytes = aligned(M * d.C * 2),
+                x_bytes = aligned(d.cm_elems() * 2);
+  auto* r1 = static_cast<uint8_t*>(take(std::max(gate_bytes + M * d.Ch * 2, cm4), 1));
+  auto* r2 = static_cast<uint8_t*>(take(std::max(x_bytes + M * std::max(d.C, d.Ch) * 2, cm4), 1));
+  if (p) {
+    w.gate = r1;
+    w.xhat_out = r1 + gate_bytes;
+    w.da = reinterpret_cast<float*>(r1);
+    w.x = r2;
+    w.dxhat = r2 + x_bytes;
+    w.db = reinterpret_cast<float*>(r2);
+  }
   w.wcat_raw = take(P * d.C, 2);
   w.wz_raw = take(d.C * d.Ch, 2);
   w.xhat_in_bf = take(M * d.C, 2);
@@ -85,10 +104,7 @@ inline Workspace plan_workspace(const Dims& d, bool backward, void* base) {
   w.rstd_out = static_cast<float*>(take(M, 4));
   w.dy = take(M * d.C, 2);
   w.dlin = take(M * P, 2);
-  w.dxhat = take(M * std::max(d.C, d.Ch), 2);
   w.dx = take(d.cm_elems(), 2);
-  w.da = static_cast<float*>(take(d.cm_elems(), 4));
-  w.db = static_cast<float*>(take(d.cm_elems(), 4));
   w.colsum_dy = static_cast<float*>(take(mt * d.C, 4));
   w.colsum_lin = static_cast<float*>(take(mt * P, 4));
   w.split_in = wgrad_split(M, P, d.C);
