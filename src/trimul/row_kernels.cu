@@ -48,6 +48,18 @@ __device__ __forceinline__ void put(__half* h, __nv_bfloat16* b, int64_t i, floa
   if (b) b[i] = __float2bfloat16_rn(v);
 }
 
+// Normalises row m, held by a warp (v[k] = channel lane + 32k), into xhat (and xhat_bf) and
+// writes its statistics where requested.
+__device__ __forceinline__ void normalize_row(const float (&v)[kMaxPerLane], int W, float eps,
+                                              int64_t m, int lane, __half* xhat,
+                                              __nv_bfloat16* xhat_bf, float* mean, float* rstd) {
+  const float2 st = row_stats(v, W, eps);
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k)
+    if (k * 32 < W) put(xhat, xhat_bf, m * W + k * 32 + lane, (v[k] - st.x) * st.y);
+  if (mean && lane == 0) mean[m] = st.x, rstd[m] = st.y;
+}
+
 __global__ void __launch_bounds__(kRowWarps * 32)
     ln_rows_forward_kernel(PairRef z, Dims d, float eps, __half* xhat, __nv_bfloat16* xhat_bf,
                            float* mean, float* rstd) {
@@ -59,11 +71,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   float v[kMaxPerLane];
 #pragma unroll
   for (int k = 0; k < kMaxPerLane; ++k) v[k] = k * 32 < W ? __bfloat162float(src[k * 32 + lane]) : 0.f;
-  const float2 st = row_stats(v, W, eps);
-#pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k)
-    if (k * 32 < W) put(xhat, xhat_bf, m * W + k * 32 + lane, (v[k] - st.x) * st.y);
-  if (mean && lane == 0) mean[m] = st.x, rstd[m] = st.y;
+  normalize_row(v, W, eps, m, lane, xhat, xhat_bf, mean, rstd);
 }
 
 __global__ void __launch_bounds__(kRowWarps * 32)
@@ -114,11 +122,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     float v[kMaxPerLane];
 #pragma unroll
     for (int k = 0; k < kMaxPerLane; ++k) v[k] = k * 32 < W ? tile[(k * 32 + lane) * kColStride + q] : 0.f;
-    const float2 st = row_stats(v, W, eps);
-#pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k)
-      if (k * 32 < W) put(xhat, xhat_bf, mq * W + k * 32 + lane, (v[k] - st.x) * st.y);
-    if (mean && lane == 0) mean[mq] = st.x, rstd[mq] = st.y;
+    normalize_row(v, W, eps, mq, lane, xhat, xhat_bf, mean, rstd);
   }
 }
 
