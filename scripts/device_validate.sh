@@ -3,7 +3,8 @@
 # one call, each step time-limited so that one slow step cannot lose the others' output.
 #   OUT=<dir> scripts/device_validate.sh [--skip-build]
 # Writes under $OUT: gpu_tests.txt, sanitize_*.txt, attention_accuracy.{json,md},
-# attention_bench.{txt,json}, pytest.txt, report/ (python -m turbopairformer.bench).
+# attention_bench.{txt,json}, trimul.{json,md}, sanitize_trimul_*.txt, pytest.txt, report/
+# (python -m turbopairformer.bench).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -20,7 +21,15 @@ for tool in memcheck racecheck synccheck; do
     > "$OUT/sanitize_$tool.txt" 2>&1
   echo "$tool rc=$? $(tail -1 "$OUT/sanitize_$tool.txt")"
 done
+for tool in memcheck racecheck synccheck; do
+  timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/cpp/tpf_gpu_tests \
+    --gtest_filter='*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*' --gtest_brief=1 \
+    > "$OUT/sanitize_trimul_$tool.txt" 2>&1
+  echo "trimul $tool rc=$? $(tail -1 "$OUT/sanitize_trimul_$tool.txt")"
+done
 timeout 300 scripts/attention_accuracy.sh build/tpf "$OUT" > /dev/null 2>&1; echo "accuracy rc=$?"
+timeout 200 build/tpf trimul-table --n 384,768,1024,2048 --ref-max-n 768 --out "$OUT" > /dev/null 2>&1
+echo "trimul table rc=$?"
 timeout 300 build/tpf bench --n 384,640,768 --d 16,32 2>/dev/null | tee "$OUT/attention_bench.txt"
 timeout 300 build/tpf bench --n 384,640,768 --d 16,32 --json > "$OUT/attention_bench.json" 2>/dev/null
 timeout 300 python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/pip_install.txt" 2>&1
