@@ -73,7 +73,9 @@ int cmd_info(const Args& args) {
       "  triangle attention fwd/bwd bf16, fp16; D = 16, 32, 64, 128;            any float dtype, any D\n"
       "                             bias bf16/fp16 (= q) or fp32; bool key mask;\n"
       "                             any N >= 1, any S, strided (head-dim stride 1)\n"
-      "  triangle mult. update      not yet (issue 5)                           fwd + bwd, outgoing/incoming");
+      "  triangle mult. update      z bf16; weights bf16 or fp32;              fwd + bwd, outgoing/incoming\n"
+      "  fwd/bwd                    C, Ch in {32, 64, 96, 128, 256}; any mask dtype;\n"
+      "                             outgoing/incoming; any N >= 1 (B*Ch <= 65535)");
   return 0;
 }
 

@@ -79,11 +79,7 @@ TEST(CApi, ErrorsCarryTheStatusCodeAndTheMessage) {
   EXPECT_EQ(std::string(tiny).size(), 7u);  // truncated, terminated
 }
 
-TEST(CApi, TrimulMatchesTheCppReference) {
-  auto p = TrimulProblem::random(1, 4, 3, 2, 7);
-  auto q = TrimulProblem::random(1, 4, 3, 2, 7);
-  ASSERT_TRUE(reference::trimul_backward(p.bwd()).ok());
-  ASSERT_TRUE(reference::trimul_forward(p.fwd()).ok());
+tpf_trimul_args c_trimul_args(TrimulProblem& q) {
   tpf_trimul_args a{};
   a.z = c_tensor(q.z.view);
   a.mask = c_tensor(q.mask.view);
@@ -96,12 +92,38 @@ TEST(CApi, TrimulMatchesTheCppReference) {
   }
   a.direction = 0;
   a.eps = 1e-5;
+  return a;
+}
+
+TEST(CApi, TrimulMatchesTheCppReference) {
+  auto p = TrimulProblem::random(1, 4, 3, 2, 7);
+  auto q = TrimulProblem::random(1, 4, 3, 2, 7);
+  ASSERT_TRUE(reference::trimul_backward(p.bwd()).ok());
+  ASSERT_TRUE(reference::trimul_forward(p.fwd()).ok());
+  tpf_trimul_args a = c_trimul_args(q);
   char err[256] = "";
   ASSERT_EQ(tpf_trimul_forward(&a, 0, nullptr, 0, nullptr, err, sizeof(err)), 0) << err;
   ASSERT_EQ(tpf_trimul_backward(&a, 0, nullptr, 0, nullptr, err, sizeof(err)), 0) << err;
   EXPECT_EQ(max_abs_diff(p.out.values(), q.out.values()), 0.0);
   EXPECT_EQ(max_abs_diff(p.dz.values(), q.dz.values()), 0.0);
   EXPECT_EQ(max_abs_diff(p.dw[2].values(), q.dw[2].values()), 0.0);
+}
+
+// The workspace query needs no GPU: it validates the GPU constraints and sizes the buffers.
+TEST(CApi, TrimulWorkspaceQuery) {
+  auto q = TrimulProblem::random(1, 9, 32, 64, 8, DType::kBF16, DType::kBF16);
+  tpf_trimul_args a = c_trimul_args(q);
+  char err[256] = "";
+  size_t fwd = 0, bwd = 0;
+  ASSERT_EQ(tpf_trimul_workspace_size(&a, 0, &fwd, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(tpf_trimul_workspace_size(&a, 1, &bwd, err, sizeof(err)), 0) << err;
+  EXPECT_GT(fwd, size_t{9 * 9 * 64 * 2 * 3});  // at least a, b and x
+  EXPECT_GT(bwd, fwd);
+  auto odd = TrimulProblem::random(1, 9, 48, 64, 8, DType::kBF16, DType::kBF16);  // C = 48
+  a = c_trimul_args(odd);
+  EXPECT_EQ(tpf_trimul_workspace_size(&a, 0, &fwd, err, sizeof(err)),
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(err).find("C=48"), std::string::npos) << err;
 }
 
 }  // namespace
