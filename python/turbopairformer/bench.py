@@ -7,8 +7,10 @@ rotated among three sets so that L2 does not serve them), peak memory, relative 
 FP64 at one size and bitwise determinism of the gradients over 5 calls, for triangle attention
 (B=1, H=4, S=N, bf16, 20% of keys masked) and the multiplicative update (C=128). Each
 alternative runs in its own native layout, converted once outside the timed region; one that
-fails or runs out of memory gets that written in its row and the run goes on. Writes
-report.json, report.md and PNG plots into DIR (default bench/results/<gpu>/).
+fails or runs out of memory gets that written in its row and the run goes on. Cases run size by
+size (every backend of both ops at one N before the next N), so --budget SECONDS cuts the largest
+sizes rather than whole backends. Writes report.json, report.md and PNG plots into DIR (default
+bench/results/<gpu>/).
 """
 from __future__ import annotations
 
@@ -190,37 +192,34 @@ class _OutOfTime(Exception):
     pass
 
 
-def run_attention(backends, Ns, Ds, accuracy_n, progress, rows, save):
-    for name, b in backends.items():
-        for D in Ds:
-            for N in Ns:
-                progress(f"attention {name} N={N} D={D}")
-                row = {"op": "triangle_attention", "backend": name, "N": N, "D": D}
-                rows.append(row)
-                if isinstance(b, str):
-                    row["status"] = b
-                    continue
-                prep, fn, to_ours = b
-                try:
-                    sets = []
-                    for seed in range(3):
-                        q, k, v, bias, mask, _ = attention_inputs(N, D, seed)
-                        args = list(prep(q, k, v, bias, mask))
-                        for i in range(4):
-                            args[i] = args[i].detach().requires_grad_(True)
-                        sets.append(tuple(args))
-                    row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(fn, lambda a: a[:4], sets)
-                    if N == accuracy_n:
-                        row.update(attention_accuracy(prep, fn, to_ours, N, D))
-                    row["status"] = "ok"
-                except torch.cuda.OutOfMemoryError:
-                    row["status"] = "out of memory"
-                except Exception as e:  # noqa: BLE001 - the report records any failure
-                    row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                finally:
-                    sets = None
-                    torch.cuda.empty_cache()
-                    save()
+def attention_case(name, b, N, D, accuracy_n, rows, save):
+    row = {"op": "triangle_attention", "backend": name, "N": N, "D": D}
+    rows.append(row)
+    if isinstance(b, str):
+        row["status"] = b
+        return
+    prep, fn, to_ours = b
+    sets = None
+    try:
+        sets = []
+        for seed in range(3):
+            q, k, v, bias, mask, _ = attention_inputs(N, D, seed)
+            args = list(prep(q, k, v, bias, mask))
+            for i in range(4):
+                args[i] = args[i].detach().requires_grad_(True)
+            sets.append(tuple(args))
+        row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(fn, lambda a: a[:4], sets)
+        if N == accuracy_n:
+            row.update(attention_accuracy(prep, fn, to_ours, N, D))
+        row["status"] = "ok"
+    except torch.cuda.OutOfMemoryError:
+        row["status"] = "out of memory"
+    except Exception as e:  # noqa: BLE001 - the report records any failure
+        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    finally:
+        sets = None
+        torch.cuda.empty_cache()
+        save()
 
 
 def attention_accuracy(prep, fn, to_ours, N, D):
@@ -251,34 +250,48 @@ def _native_layout_like(dout, prep, q, k, v, bias, mask):
     return prep(dout, k, v, bias, mask)[0]
 
 
-def run_trimul(backends, Ns, accuracy_n, progress, rows, save, C=128):
-    for name, fn in backends.items():
-        for N in Ns:
-            progress(f"trimul {name} N={N}")
-            row = {"op": "triangle_multiplicative_update", "backend": name, "N": N, "C": C}
-            rows.append(row)
-            if isinstance(fn, str):
-                row["status"] = fn
-                continue
-            try:
-                sets = []
-                for seed in range(3):
-                    x, mask, w, _ = trimul_inputs(N, C, seed)
-                    leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
-                    sets.append((x, mask, w, leaves))
-                row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(
-                    lambda x, mask, w, leaves: fn(x, mask, w), lambda a: a[3], sets)
-                if N == accuracy_n:
-                    row.update(trimul_accuracy(fn, N, C))
-                row["status"] = "ok"
-            except torch.cuda.OutOfMemoryError:
-                row["status"] = "out of memory"
-            except Exception as e:  # noqa: BLE001
-                row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-            finally:
-                sets = None
-                torch.cuda.empty_cache()
-                save()
+def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
+    row = {"op": "triangle_multiplicative_update", "backend": name, "N": N, "C": C}
+    rows.append(row)
+    if isinstance(fn, str):
+        row["status"] = fn
+        return
+    sets = None
+    try:
+        sets = []
+        for seed in range(3):
+            x, mask, w, _ = trimul_inputs(N, C, seed)
+            leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
+            sets.append((x, mask, w, leaves))
+        row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(
+            lambda x, mask, w, leaves: fn(x, mask, w), lambda a: a[3], sets)
+        if N == accuracy_n:
+            row.update(trimul_accuracy(fn, N, C))
+        row["status"] = "ok"
+    except torch.cuda.OutOfMemoryError:
+        row["status"] = "out of memory"
+    except Exception as e:  # noqa: BLE001
+        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    finally:
+        sets = None
+        torch.cuda.empty_cache()
+        save()
+
+
+def schedule(att, tri, Ns, Ds, tri_Ns, ops):
+    """(label, op, backend name, backend, N, D) in N-major order: every backend of both ops at
+    one size before the next size, so a --budget stop drops the largest sizes, not whole
+    backends or a whole op."""
+    cases = []
+    for N in sorted(set(Ns if "attention" in ops else []) | set(tri_Ns if "trimul" in ops else [])):
+        if "attention" in ops and N in Ns:
+            for D in Ds:
+                for name, b in att.items():
+                    cases.append((f"attention {name} N={N} D={D}", "attention", name, b, N, D))
+        if "trimul" in ops and N in tri_Ns:
+            for name, fn in tri.items():
+                cases.append((f"trimul {name} N={N}", "trimul", name, fn, N, None))
+    return cases
 
 
 def trimul_accuracy(fn, N, C):
@@ -315,6 +328,10 @@ def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_versio
         sub = [r for r in rows if r["op"] == op]
         if not sub:
             continue
+        first = {}  # backends in order of first appearance; rows grouped by backend, D, N
+        for r in sub:
+            first.setdefault(r["backend"], len(first))
+        sub.sort(key=lambda r: (first[r["backend"]], r.get("D") or 0, r["N"]))
         grad = "dq" if op == "triangle_attention" else "dz"
         lines += [f"## {op}", "", f"| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, {grad}) | deterministic | status |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -403,7 +420,8 @@ def main(argv=None):
         if isinstance(b, str):
             print(f"skipping {name}: {b}", file=sys.stderr)
     ops = args.ops.split(",")
-    total = (len(att) * len(Ds) * len(Ns) if "attention" in ops else 0) + (len(tri) * len(tri_Ns) if "trimul" in ops else 0)
+    cases = schedule(att, tri, Ns, Ds, tri_Ns, ops)
+    total = len(cases)
     try:
         from tqdm import tqdm
         bar = tqdm(total=total, unit="case")
@@ -428,10 +446,12 @@ def main(argv=None):
         if deadline is not None and time.monotonic() > deadline:
             raise _OutOfTime()
     try:
-        if "attention" in ops:
-            run_attention(att, Ns, Ds, args.accuracy_n, progress, rows, save)
-        if "trimul" in ops:
-            run_trimul(tri, tri_Ns, args.accuracy_n, progress, rows, save)
+        for label, op, name, b, N, D in cases:
+            progress(label)
+            if op == "attention":
+                attention_case(name, b, N, D, args.accuracy_n, rows, save)
+            else:
+                trimul_case(name, b, N, args.accuracy_n, rows, save)
     except _OutOfTime:
         rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped: --budget {args.budget} s reached"})
     write_report(rows, out, gpu)

@@ -33,3 +33,24 @@ def test_report_files(tmp_path):
     except ImportError:
         return
     assert (tmp_path / "triangle_attention.png").stat().st_size > 1000
+
+
+def test_rows_are_grouped_by_backend_whatever_the_run_order(tmp_path):
+    r = rows()
+    bench.write_report(list(reversed(r)), tmp_path, "Fake GPU", plots=False)
+    md = (tmp_path / "report.md").read_text().splitlines()
+    ours = [i for i, line in enumerate(md) if line.startswith("| turbopairformer | ")]
+    assert len(ours) == 2 and ours[1] == ours[0] + 1  # adjacent, N ascending
+    assert "| 128 |" in md[ours[0]] and "| 256 |" in md[ours[1]]
+
+
+def test_schedule_is_size_major_across_ops():
+    att = {"turbopairformer": object(), "trifast": "not installed"}
+    tri = {"turbopairformer": object(), "torch_compile": object()}
+    cases = bench.schedule(att, tri, [256, 128], [16, 32], [128], ["attention", "trimul"])
+    Ns = [c[4] for c in cases]
+    assert Ns == sorted(Ns)  # every case at N = 128 (both ops) before any at 256
+    assert len(cases) == 2 * 2 * 2 + 2
+    assert [c[1] for c in cases[:6]] == ["attention"] * 4 + ["trimul"] * 2
+    only_trimul = bench.schedule(att, tri, [256, 128], [16], [128], ["trimul"])
+    assert [(c[1], c[4]) for c in only_trimul] == [("trimul", 128)] * 2
