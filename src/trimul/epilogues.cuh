@@ -46,7 +46,7 @@ struct ProjectEpilogue {
   bool gate_logit;
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M();
-    const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));
+    const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128] this tile's
     if (n0 < 4 * d.Ch) {
       const int r = threadIdx.x % Cfg::kBlockM;  // fixed row per thread: one mask load
       const int64_t m = m0 + r;
@@ -184,7 +184,7 @@ struct ProjectBackwardEpilogue {
   float* colsum_lin;  // [m-tiles][4Ch + C]
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M(), ldl = d.proj_cols();
-    const float* bs = stage_bias(t, bias, n0, static_cast<int>(ldl));
+    const float* bs = stage_bias(t, bias, n0, static_cast<int>(ldl));  // [128] this tile's
     {
       const int r = threadIdx.x % Cfg::kBlockM;
       const int64_t m = m0 + r;
@@ -193,7 +193,7 @@ struct ProjectBackwardEpilogue {
       const int Ch = static_cast<int>(d.Ch);
       constexpr int kStep = Cfg::kThreads / Cfg::kBlockM, kPer = 64 / kStep;
       const int c0 = threadIdx.x / Cfg::kBlockM;
-      float ups[kPer];  // all of this thread's upstream loads in flight together
+      float ups[kPer];  // [channels of this thread] da/db at its pixel: loads in flight together
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int ch = n0 / 2 + c0 + i * kStep;

@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
     const T* tb = stage_b(kt % Cfg::kStages);
 #pragma unroll
     for (int ks = 0; ks < Cfg::kBlockK / 16; ++ks) {
-      uint32_t af[kMi][4], bf[kNi / 2][4];
+      uint32_t af[kMi][4];      // A fragments: [m16 tile][m16k16 registers]
+      uint32_t bf[kNi / 2][4];  // B fragments: [pair of n8 tiles][b0, b1 of each]
 #pragma unroll
       for (int mi = 0; mi < kMi; ++mi) detail::load_a<AM>(af[mi], ta, wm + mi * 16, ks);
 #pragma unroll
