@@ -8,6 +8,7 @@ build/tpf info
 build/tpf check
 if build/tpf info | grep -q '^GPU 0'; then
   build/tpf bench
+  build/tpf bench --op trimul
 else
   echo "no CUDA GPU: skipping 'tpf bench'"
 fi
