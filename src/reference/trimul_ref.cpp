@@ -1,5 +1,6 @@
 // FP64 CPU reference of the triangle multiplicative update, forward and backward
 // (DESIGN.md section 2). Plain loops in double over dense copies of each batch element.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -129,11 +130,19 @@ Vec linear_backward(const Vec& dy, const Vec& x, int64_t rows, int64_t in, const
     for (int64_t o = 0; o < out; ++o)
       for (int64_t i = 0; i < in; ++i) dx[r * in + i] += dy[r * out + o] * W[o * in + i];
   });
-  detail::parallel_for(out, [&](int64_t o) {
+  // Each task owns a block of output rows of dW and streams x once (rows outermost), so x is
+  // read once per block instead of once per output row.
+  constexpr int64_t kBlock = 16;
+  detail::parallel_for((out + kBlock - 1) / kBlock, [&](int64_t blk) {
+    const int64_t o0 = blk * kBlock, o1 = std::min(out, o0 + kBlock);
     for (int64_t r = 0; r < rows; ++r) {
-      const double g = dy[r * out + o];
-      (*dbias)[o] += g;
-      for (int64_t i = 0; i < in; ++i) (*dW)[o * in + i] += g * x[r * in + i];
+      const double* xr = &x[r * in];
+      for (int64_t o = o0; o < o1; ++o) {
+        const double g = dy[r * out + o];
+        (*dbias)[o] += g;
+        double* dw = &(*dW)[o * in];
+        for (int64_t i = 0; i < in; ++i) dw[i] += g * xr[i];
+      }
     }
   });
   return dx;
