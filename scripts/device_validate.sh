@@ -15,17 +15,15 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 timeout 300 build/tests/cpp/tpf_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$? $(tail -1 "$OUT/gpu_tests.txt")"
-for tool in memcheck racecheck synccheck; do
-  timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/cpp/tpf_gpu_tests \
-    --gtest_filter='*S3_N7_*:*S3_N64_*:*S3_N100_D128*:*S13_N40*:*S5_N77*' --gtest_brief=1 \
-    > "$OUT/sanitize_$tool.txt" 2>&1
-  echo "$tool rc=$? $(tail -1 "$OUT/sanitize_$tool.txt")"
-done
-for tool in memcheck racecheck synccheck; do
-  timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/cpp/tpf_gpu_tests \
-    --gtest_filter='*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*' --gtest_brief=1 \
-    > "$OUT/sanitize_trimul_$tool.txt" 2>&1
-  echo "trimul $tool rc=$? $(tail -1 "$OUT/sanitize_trimul_$tool.txt")"
+# Small cases of each op under every compute-sanitizer tool (prefix: the output file name).
+for spec in "sanitize_|*S3_N7_*:*S3_N64_*:*S3_N100_D128*:*S13_N40*:*S5_N77*" \
+            "sanitize_trimul_|*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*"; do
+  prefix=${spec%%|*} filter=${spec#*|}
+  for tool in memcheck racecheck synccheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/cpp/tpf_gpu_tests \
+      --gtest_filter="$filter" --gtest_brief=1 > "$OUT/$prefix$tool.txt" 2>&1
+    echo "$prefix$tool rc=$? $(tail -1 "$OUT/$prefix$tool.txt")"
+  done
 done
 timeout 300 scripts/attention_accuracy.sh build/tpf "$OUT" > /dev/null 2>&1; echo "accuracy rc=$?"
 timeout 200 build/tpf trimul-table --n 384,768,1024,2048 --ref-max-n 768 --out "$OUT" > /dev/null 2>&1
