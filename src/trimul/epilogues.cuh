@@ -5,13 +5,10 @@
 
 namespace tpf::trimul {
 
-// sigmoid(x) = 0.5 tanh(x / 2) + 0.5: one MUFU op (tanh.approx, |rel err| < 2^-10.9, below the
-// fp16/bf16 roundings that follow) instead of an exponential and a reciprocal.
-__device__ __forceinline__ float sigmoid(float x) {
-  float t;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * x));
-  return fmaf(0.5f, t, 0.5f);
-}
+// 1 / (1 + e^-x): relatively accurate in both tails (a saturated gate's s and s(1 - s) keep
+// their digits). Not 0.5 tanh(x/2) + 0.5: tanh.approx's absolute error (~2^-11) would swamp s
+// and s(1 - s) for |x| > ~6, i.e. exactly the saturated gates of a trained model.
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
 // Rows of the tile at m0 that lie inside [0, M).
 __device__ __forceinline__ int tile_rows(int64_t m0, int64_t M) {
