@@ -46,6 +46,17 @@ def _args(scale: float, compensate: bool, **tensors) -> _native.TpfAttentionArgs
     return a
 
 
+def _workspace(query, a, x, err, *flags):
+    """The device workspace a CUDA call needs (query(args, *flags, &bytes, err, len)), from
+    PyTorch's caching allocator: (tensor to keep alive, pointer, bytes); none on the CPU."""
+    if not x.is_cuda:
+        return None, None, 0
+    size = ctypes.c_size_t(0)
+    _native.check(query(ctypes.byref(a), *flags, ctypes.byref(size), err, len(err)), err)
+    workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
+    return workspace, ctypes.c_void_p(workspace.data_ptr()), size.value
+
+
 def _stream(x: torch.Tensor):
     return ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream) if x.is_cuda else None
 
@@ -86,17 +97,9 @@ def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
               dbias=dbias if need_dbias else None)
     err = _native.error_buffer()
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        workspace, ws_bytes = None, 0
-        if q.is_cuda:
-            size = ctypes.c_size_t(0)
-            _native.check(_native.LIB.tpf_attention_backward_workspace_size(
-                ctypes.byref(a), ctypes.byref(size), err, len(err)), err)
-            ws_bytes = size.value
-            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device)
+        workspace, ptr, ws_bytes = _workspace(_native.LIB.tpf_attention_backward_workspace_size, a, q, err)
         _native.check(_native.LIB.tpf_attention_backward(
-            ctypes.byref(a), int(q.is_cuda),
-            ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None, ws_bytes,
-            _stream(q), err, len(err)), err)
+            ctypes.byref(a), int(q.is_cuda), ptr, ws_bytes, _stream(q), err, len(err)), err)
     return dq, dk, dv, dbias
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from . import _native
-from .attention import _stream, _tensor
+from .attention import _stream, _tensor, _workspace
 
 _DIRECTIONS = {"outgoing": 0, "incoming": 1}
 
@@ -38,16 +38,9 @@ def _args(x, mask, weights, direction, eps, **extra) -> _native.TpfTrimulArgs:
 def _call(fn, a, x, backward: bool):
     err = _native.error_buffer()
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        workspace, ws_bytes = None, 0
-        if x.is_cuda:
-            size = ctypes.c_size_t(0)
-            _native.check(_native.LIB.tpf_trimul_workspace_size(
-                ctypes.byref(a), int(backward), ctypes.byref(size), err, len(err)), err)
-            ws_bytes = size.value
-            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)
-        _native.check(fn(ctypes.byref(a), int(x.is_cuda),
-                         ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None,
-                         ws_bytes, _stream(x), err, len(err)), err)
+        workspace, ptr, ws_bytes = _workspace(_native.LIB.tpf_trimul_workspace_size, a, x, err,
+                                              int(backward))
+        _native.check(fn(ctypes.byref(a), int(x.is_cuda), ptr, ws_bytes, _stream(x), err, len(err)), err)
 
 
 # The twelve weights are separate optional arguments (not a list): the schema then says exactly
