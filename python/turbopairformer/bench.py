@@ -149,10 +149,19 @@ def trimul_inputs(N, C, seed, device="cuda"):
 
 
 # --------------------------------------------------------------------------------- measurement
-def median_ms(fn, sets, warmup=3, iters=15):
+def timed_iters(first_ms, target_ms=1500.0, lo=5, hi=15):
+    """How many timed calls: up to `hi`, but no more than fit in `target_ms` (at least `lo`), so
+    that a 400 ms case at N = 2048 does not cost as much wall time as the rest of its size."""
+    return max(lo, min(hi, int(target_ms / max(first_ms, 1e-3))))
+
+
+def median_ms(fn, sets, warmup=3, iters=None):
     for i in range(warmup):
+        t0 = time.perf_counter()
         fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        last_ms = (time.perf_counter() - t0) * 1e3
+    iters = iters or timed_iters(last_ms)
     times = []
     for i in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -200,6 +209,7 @@ def attention_case(name, b, N, D, accuracy_n, rows, save):
         return
     prep, fn, to_ours = b
     sets = None
+    t0 = time.monotonic()
     try:
         sets = []
         for seed in range(3):
@@ -219,6 +229,7 @@ def attention_case(name, b, N, D, accuracy_n, rows, save):
     finally:
         sets = None
         torch.cuda.empty_cache()
+        row["case_s"] = round(time.monotonic() - t0, 1)  # wall time, autotuning and compiling included
         save()
 
 
@@ -257,6 +268,7 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
         row["status"] = fn
         return
     sets = None
+    t0 = time.monotonic()
     try:
         sets = []
         for seed in range(3):
@@ -275,6 +287,7 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
     finally:
         sets = None
         torch.cuda.empty_cache()
+        row["case_s"] = round(time.monotonic() - t0, 1)  # wall time, autotuning and compiling included
         save()
 
 
@@ -313,17 +326,53 @@ def trimul_accuracy(fn, N, C):
     return res
 
 
-def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_version: str = None):
+def _cell(r, key):
+    if r is None:
+        return "—"
+    if key in r:
+        return f"{r[key]:.2f}" if r[key] >= 1 else f"{r[key]:.3f}"
+    st = r.get("status", "")
+    return {"out of memory": "OOM"}.get(st, "skipped" if st.startswith(("not installed", "installed")) else
+                                       "failed" if st.startswith("failed") else "—")
+
+
+def summary_tables(rows):
+    """Backend x N tables of forward and forward+backward ms, one per op (and head dim): the
+    table a reader compares at a glance (the README quotes it)."""
+    lines = []
+    for op, key in (("triangle_attention", "D"), ("triangle_multiplicative_update", "C")):
+        sub = [r for r in rows if r["op"] == op]
+        for kv in sorted({r.get(key) for r in sub}, key=lambda x: x or 0):
+            part = [r for r in sub if r.get(key) == kv]
+            Ns = sorted({r["N"] for r in part})
+            backends = list(dict.fromkeys(r["backend"] for r in part))
+            by = {(r["backend"], r["N"]): r for r in part}
+            for metric, title in (("fwd_bwd_ms", "forward + backward"), ("fwd_ms", "forward")):
+                lines += [f"**{op}, {key} = {kv}: {title}, ms**", "",
+                          "| backend | " + " | ".join(f"N={n}" for n in Ns) + " |",
+                          "|---|" + "---|" * len(Ns)]
+                for b in backends:
+                    lines.append(f"| {b} | " + " | ".join(_cell(by.get((b, n)), metric) for n in Ns) + " |")
+                lines.append("")
+    return lines
+
+
+def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_version: str = None, meta: dict = None):
     out_dir.mkdir(parents=True, exist_ok=True)
     torch_version = torch_version or torch.__version__
-    (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch_version, "rows": rows}, indent=1))
+    meta = meta or {}
+    (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch_version, **meta, "rows": rows}, indent=1))
     lines = [f"# Pairformer kernels on {gpu}", "",
              "![triangle attention](triangle_attention.png)", "",
              "![triangle multiplicative update](triangle_multiplicative_update.png)", "",
              f"PyTorch {torch_version}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
              "Multiplicative update: B=1, C=Ch=128, outgoing, bf16 (x, weights), 10% of pairs masked. Median ms of CUDA-event-timed calls; peak memory "
-             "of forward+backward above the inputs. Made by `python -m turbopairformer.bench`.", ""]
+             "of forward+backward above the inputs; 'case s' is the wall time of the whole case (inputs, "
+             "first-call autotuning or compiling, timing, accuracy). Made by `python -m turbopairformer.bench`.", ""]
+    if "command" in meta:
+        lines += [f"Command: `{meta['command']}`; wall time of the whole run: {meta.get('wall_s', 0):.0f} s.", ""]
     lines += [f"**Note:** {r['status']}" for r in rows if r["op"] == "note"]
+    lines += [""] + summary_tables(rows)
     for op in ("triangle_attention", "triangle_multiplicative_update"):
         sub = [r for r in rows if r["op"] == op]
         if not sub:
@@ -333,14 +382,14 @@ def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_versio
             first.setdefault(r["backend"], len(first))
         sub.sort(key=lambda r: (first[r["backend"]], r.get("D") or 0, r["N"]))
         grad = "dq" if op == "triangle_attention" else "dz"
-        lines += [f"## {op}", "", f"| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, {grad}) | deterministic | status |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {op}", "", f"| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, {grad}) | deterministic | case s | status |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sub:
             f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "—"
             acc = f"{f('rmse_out', '{:.2e}')}, {f('rmse_' + grad, '{:.2e}')}" if "rmse_out" in r else "—"
             det = {True: "yes", False: "NO"}.get(r.get("deterministic_5_calls"), "—")
             lines.append(f"| {r['backend']} | {r['N']} | {r.get('D', '—')} | {f('fwd_ms')} | {f('fwd_bwd_ms')} | "
-                         f"{f('peak_mib', '{:.0f}')} | {acc} | {det} | {r['status']} |")
+                         f"{f('peak_mib', '{:.0f}')} | {acc} | {det} | {f('case_s', '{:.1f}')} | {r['status']} |")
         lines.append("")
     (out_dir / "report.md").write_text("\n".join(lines))
     if not plots:
@@ -360,29 +409,37 @@ def plot(rows, out_dir):
         sub = [r for r in ok if r["op"] == op]
         if not sub:
             continue
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
+        axes = axes.ravel()
+        backends = list(dict.fromkeys(r["backend"] for r in sub))  # one colour per backend
+        values = sorted({r.get(key) for r in sub})  # one line style per head dim
         for (backend, kv) in sorted({(r["backend"], r.get(key)) for r in sub}):
             pts = sorted((r["N"], r) for r in sub if r["backend"] == backend and r.get(key) == kv)
             Ns = [n for n, _ in pts]
             label = f"{backend} {key}={kv}"
-            axes[0].plot(Ns, [r["fwd_bwd_ms"] for _, r in pts], "o-", label=label)
+            style = dict(color=f"C{backends.index(backend)}", marker="o" if backend == "turbopairformer" else "s",
+                         linestyle=("-", "--", ":")[values.index(kv) % 3], lw=2.2 if backend == "turbopairformer" else 1.2)
+            axes[0].plot(Ns, [r["fwd_ms"] for _, r in pts], label=label, **style)
+            axes[1].plot(Ns, [r["fwd_bwd_ms"] for _, r in pts], label=label, **style)
             ours = {r["N"]: r for r in sub if r["backend"] == "turbopairformer" and r.get(key) == kv}
             sp = [(n, r["fwd_bwd_ms"] / ours[n]["fwd_bwd_ms"]) for n, r in pts if n in ours]
             if sp and backend != "turbopairformer":
-                axes[1].plot([n for n, _ in sp], [s for _, s in sp], "o-", label=label)
-            axes[2].plot(Ns, [r["peak_mib"] for _, r in pts], "o-", label=label)
-        for ax, title in zip(axes, ("forward+backward time (ms)", "our speedup (their time / ours)", "peak memory (MiB)")):
+                axes[2].plot([n for n, _ in sp], [s for _, s in sp], label=label, **style)
+            axes[3].plot(Ns, [r["peak_mib"] for _, r in pts], label=label, **style)
+        axes[2].axhline(1.0, color="k", lw=0.8)
+        titles = ("forward time (ms)", "forward+backward time (ms)",
+                  "our speedup, forward+backward\n(their time / ours; above 1: we are faster)", "peak memory, forward+backward (MiB)")
+        for ax, title in zip(axes, titles):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("N")
-            ax.set_title(title)
+            ax.set_title(title, fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
-        for ax in axes:
             if ax.lines:
                 ax.legend(fontsize=7)
         fig.suptitle(op)
         fig.tight_layout()
-        fig.savefig(out_dir / f"{op}.png", dpi=110)
+        fig.savefig(out_dir / f"{op}.png", dpi=100)
         plt.close(fig)
 
 
@@ -403,7 +460,7 @@ def main(argv=None):
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
         write_report(data["rows"], Path(args.out or Path(args.replot).parent), data["gpu"],
-                     torch_version=data.get("torch"))
+                     torch_version=data.get("torch"), meta={k: data[k] for k in ("command", "wall_s") if k in data})
         return
     if not torch.cuda.is_available():
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
@@ -432,10 +489,14 @@ def main(argv=None):
             count[0] += 1
             print(f"[{count[0]}/{total}] {msg}", file=sys.stderr)
     rows = []
-    save = lambda: write_report(rows, out, gpu, plots=False)  # partial results survive a kill
+    started = time.monotonic()
+    meta = lambda: {"command": "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "wall_s": round(time.monotonic() - started, 1)}
+    save = lambda: write_report(rows, out, gpu, plots=False, meta=meta())  # partial results survive a kill
 
     def on_term(signum, frame):  # e.g. `timeout`: finish the report, plots included, then stop
-        write_report(rows, out, gpu)
+        rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped by signal {signum}"})
+        write_report(rows, out, gpu, meta=meta())
         sys.exit(128 + signum)
     signal.signal(signal.SIGTERM, on_term)
     deadline = time.monotonic() + args.budget if args.budget else None
@@ -454,8 +515,8 @@ def main(argv=None):
                 trimul_case(name, b, N, args.accuracy_n, rows, save)
     except _OutOfTime:
         rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped: --budget {args.budget} s reached"})
-    write_report(rows, out, gpu)
-    print(f"report written to {out}/report.md")
+    write_report(rows, out, gpu, meta=meta())
+    print(f"report written to {out}/report.md in {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def test_report_files(tmp_path):
 def test_rows_are_grouped_by_backend_whatever_the_run_order(tmp_path):
     r = rows()
     bench.write_report(list(reversed(r)), tmp_path, "Fake GPU", plots=False)
-    md = (tmp_path / "report.md").read_text().splitlines()
+    md = (tmp_path / "report.md").read_text().split("## triangle_attention")[1].splitlines()  # detailed rows
     ours = [i for i, line in enumerate(md) if line.startswith("| turbopairformer | ")]
     assert len(ours) == 2 and ours[1] == ours[0] + 1  # adjacent, N ascending
     assert "| 128 |" in md[ours[0]] and "| 256 |" in md[ours[1]]
@@ -54,3 +54,21 @@ def test_schedule_is_size_major_across_ops():
     assert [c[1] for c in cases[:6]] == ["attention"] * 4 + ["trimul"] * 2
     only_trimul = bench.schedule(att, tri, [256, 128], [16], [128], ["trimul"])
     assert [(c[1], c[4]) for c in only_trimul] == [("trimul", 128)] * 2
+
+
+def test_summary_table_and_run_metadata(tmp_path):
+    r = rows() + [{"op": "triangle_attention", "backend": "pytorch_eager", "N": 512, "D": 32, "status": "out of memory"}]
+    bench.write_report(r, tmp_path, "Fake GPU", plots=False, meta={"command": "python -m turbopairformer.bench", "wall_s": 412.3})
+    md = (tmp_path / "report.md").read_text()
+    assert "wall time of the whole run: 412 s" in md
+    assert "| backend | N=128 | N=256 | N=512 |" in md
+    assert "| turbopairformer | 0.500 | 1.00 | — |" in md  # fwd+bwd ms per N
+    assert "| pytorch_eager | 2.50 | 5.00 | OOM |" in md
+    assert "| trifast | skipped | — | — |" in md
+    assert json.loads((tmp_path / "report.json").read_text())["wall_s"] == 412.3
+
+
+def test_timed_iterations_shrink_for_slow_cases():
+    assert bench.timed_iters(0.5) == 15
+    assert bench.timed_iters(400.0) == 5
+    assert 5 <= bench.timed_iters(150.0) <= 15
