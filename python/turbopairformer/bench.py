@@ -42,6 +42,12 @@ def _sdpa_attention(q, k, v, bias, mask):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn)
 
 
+def prep_layout_bsnhd(q, k, v, bias, mask):
+    """DeepSpeed's and OpenFold3's layout: q, k, v [B,S,N,H,D], mask as an additive bias [B,S,1,1,N]."""
+    t = lambda x: x.transpose(2, 3).contiguous()
+    return t(q), t(k), t(v), bias, ((~mask).to(q.dtype) * -1e9).contiguous()
+
+
 _SAME = (lambda x: x, lambda b: b)  # our layout already: [B,S,H,N,D] and bias [B,1,H,N,N]
 
 
@@ -70,18 +76,19 @@ def attention_backends():
         b["trifast"] = "not installed: pip install trifast"
     try:
         from deepspeed.ops.deepspeed4science import DS4Sci_EvoformerAttention
-        def prep_ds(q, k, v, bias, mask):
-            t = lambda x: x.transpose(2, 3).contiguous()  # [B,S,N,H,D]
-            return t(q), t(k), t(v), bias, ((~mask).to(q.dtype) * -1e9).contiguous()
-        b["deepspeed_evoformer"] = (prep_ds, lambda q, k, v, bias, mb: DS4Sci_EvoformerAttention(q, k, v, [mb, bias]),
+        b["deepspeed_evoformer"] = (prep_layout_bsnhd, lambda q, k, v, bias, mb: DS4Sci_EvoformerAttention(q, k, v, [mb, bias]),
                                     (lambda x: x.transpose(2, 3), lambda g: g))
     except Exception:
         b["deepspeed_evoformer"] = "not installed: pip install deepspeed (with the Evoformer op built)"
     try:
-        from openfold3.core.kernels.triton.evoformer import TritonEvoformer  # noqa: F401
-        b["openfold3_triton"] = "installed, but its call convention is not wired up in this report yet"
+        from openfold3.core.kernels.triton.evoformer import TritonEvoformer
+        if TritonEvoformer is None:
+            raise ImportError("TritonEvoformer is None (Triton missing)")
+        # Same layout as DeepSpeed's: q, k, v [B,S,N,H,D], additive key mask [B,S,1,1,N], bias [B,1,H,N,N]
+        b["openfold3_triton"] = (prep_layout_bsnhd, lambda q, k, v, bias, mb: TritonEvoformer(q, k, v, mb, bias),
+                                 (lambda x: x.transpose(2, 3), lambda g: g))
     except Exception:
-        b["openfold3_triton"] = "not installed: pip install openfold3"
+        b["openfold3_triton"] = "not installed: pip install openfold3 (its Triton kernels)"
     return b
 
 

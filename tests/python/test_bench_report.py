@@ -72,3 +72,12 @@ def test_timed_iterations_shrink_for_slow_cases():
     assert bench.timed_iters(0.5) == 15
     assert bench.timed_iters(400.0) == 5
     assert 5 <= bench.timed_iters(150.0) <= 15
+
+
+def test_bsnhd_layout_for_deepspeed_and_openfold3():
+    import torch
+    q = torch.randn(1, 5, 4, 5, 8)
+    mask = torch.rand(1, 5, 1, 1, 5) < 0.5
+    tq, tk, tv, bias, mb = bench.prep_layout_bsnhd(q, q, q, torch.zeros(1, 1, 4, 5, 5), mask)
+    assert tq.shape == (1, 5, 5, 4, 8) and tq.is_contiguous() and torch.equal(tq.transpose(2, 3), q)
+    assert mb.shape == (1, 5, 1, 1, 5) and bool((mb[mask] == 0).all()) and bool((mb[~mask] == -1e9).all())
