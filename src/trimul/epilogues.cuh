@@ -28,6 +28,17 @@ __device__ __forceinline__ const float* stage_bias(const EpiTile& t, const float
 template <class T>
 __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
 
+// Eight consecutive rows [8 grp, 8 grp + 8) of a float row in shared memory, as two 16-byte
+// reads. Lanes of a quarter-warp read groups 0..7: groups 4..7 fetch their halves in the other
+// order, so the eight reads of each phase cover the 32 banks once (no 2-way conflict).
+__device__ __forceinline__ void load8(float (&v)[8], const float* row, int grp) {
+  const int h = (grp >> 2) & 1;
+  const float4 x = *reinterpret_cast<const float4*>(row + 8 * grp + 4 * h);
+  const float4 y = *reinterpret_cast<const float4*>(row + 8 * grp + 4 * (1 - h));
+  const float4 lo = h ? y : x, hi = h ? x : y;
+  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+
 // Input projection, forward. Columns of the concatenated weight come in groups of 128: 64
 // projection rows then the 64 gate rows of the same channels (of [a | b], 2Ch channels), so one
 // tile holds both factors of a = sigmoid(g) * p * mask; after the 4Ch a/b columns come the C
@@ -41,26 +52,15 @@ struct ProjectEpilogue {
   T *a, *b;           // channel-major
   __half* gate;       // [M][C]
   bool gate_logit;
+  // a/b tiles are staged channel-major: their stores run along pixels.
+  __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
+
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M();
     const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128] this tile's
     if (n0 < 4 * d.Ch) {
-      const int r = threadIdx.x % Cfg::kBlockM;  // fixed row per thread: one mask load
-      const int64_t m = m0 + r;
-      if (m >= M) return;
-      const float mk = mask_at(mask, m, d.N);
-      const bool row_end = m % d.N == d.N - 1;  // this pixel also zeroes the row's pads
-      const int64_t base = cm_offset(d, m, 0), plane = d.plane();
-      const int Ch = static_cast<int>(d.Ch), pads = static_cast<int>(d.Np - d.N);
-#pragma unroll 4
-      for (int c = threadIdx.x / Cfg::kBlockM; c < 64; c += Cfg::kThreads / Cfg::kBlockM) {
-        const float p = t.at(r, c) + bs[c], g = t.at(r, 64 + c) + bs[64 + c];
-        const int ch = n0 / 2 + c;
-        T* dst = (ch < Ch ? a + ch * plane : b + (ch - Ch) * plane) + base;
-        dst[0] = to16<T>(sigmoid(g) * p * mk);
-        if (row_end)
-          for (int j = 1; j <= pads; ++j) dst[j] = to16<T>(0.f);
-      }
+      if (d.N % 8 == 0) project_ab_vectorized(t, m0, n0, bs);
+      else project_ab_scalar(t, m0, n0, bs);
     } else {
       const int col0 = n0 - 4 * static_cast<int>(d.Ch);
       const int col = col0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
@@ -74,26 +74,119 @@ struct ProjectEpilogue {
       });
     }
   }
+
+  // N % 8 == 0: no row pads (Np == N), and 8 consecutive pixels from a multiple of 8 stay in one
+  // row of one channel matrix, 16-byte aligned: one vector store per (channel, 8 pixels). A
+  // half-warp covers one channel's 128 pixels (256 contiguous bytes).
+  __device__ void project_ab_vectorized(const EpiTile& t, int64_t m0, int n0, const float* bs) const {
+    const int64_t M = d.M();
+    float* mk = t.scratch + Cfg::kBlockN;  // [128] the tile's pixel masks (scratch's upper half)
+    static_assert(Cfg::kThreads >= 2 * Cfg::kBlockN, "bias and masks share the scratch");
+    if (threadIdx.x < Cfg::kBlockM) {
+      const int64_t m = m0 + threadIdx.x;
+      mk[threadIdx.x] = m < M ? mask_at(mask, m, d.N) : 0.f;
+      if (threadIdx.x % 8 == 0) t.rows[threadIdx.x] = m < M ? cm_offset(d, m, 0) : 0;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane % 16;
+    const int64_t plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch);
+    if (m0 + 8 * grp >= M) return;  // M % 8 == 0 here: groups are all in or all out
+    const int64_t base = t.rows[8 * grp];
+    float m8[8];  // [pixel] masks of this thread's 8 pixels
+    load8(m8, mk, grp);
+    constexpr int kWarps = Cfg::kThreads / 32;
+#pragma unroll
+    for (int k = 0; k < 64 / (2 * kWarps); ++k) {
+      const int c = 2 * (warp + kWarps * k) + lane / 16;  // tile channel in [0, 64)
+      float p8[8], g8[8];  // [pixel] projection and gate logit
+      load8(p8, &t.at_cm(0, c), grp);
+      load8(g8, &t.at_cm(0, 64 + c), grp);
+      const float bp = bs[c], bg = bs[64 + c];
+      uint32_t packed[4];  // 8 x T
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        packed[i] = dev::MmaOp<T>::pack(sigmoid(g8[2 * i] + bg) * (p8[2 * i] + bp) * m8[2 * i],
+                                        sigmoid(g8[2 * i + 1] + bg) * (p8[2 * i + 1] + bp) * m8[2 * i + 1]);
+      const int ch = n0 / 2 + c;
+      T* dst = (ch < Ch ? a + ch * plane : b + (ch - Ch) * plane) + base;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+  }
+
+  // Any N: one element per store, the pixel at the end of a matrix row also zeroes its pads.
+  __device__ void project_ab_scalar(const EpiTile& t, int64_t m0, int n0, const float* bs) const {
+    const int r = threadIdx.x % Cfg::kBlockM;  // fixed row per thread: one mask load
+    const int64_t m = m0 + r;
+    if (m >= d.M()) return;
+    const float mk = mask_at(mask, m, d.N);
+    const bool row_end = m % d.N == d.N - 1;
+    const int64_t base = cm_offset(d, m, 0), plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch), pads = static_cast<int>(d.Np - d.N);
+#pragma unroll 4
+    for (int c = threadIdx.x / Cfg::kBlockM; c < 64; c += Cfg::kThreads / Cfg::kBlockM) {
+      const float p = t.at_cm(r, c) + bs[c], g = t.at_cm(r, 64 + c) + bs[64 + c];
+      const int ch = n0 / 2 + c;
+      T* dst = (ch < Ch ? a + ch * plane : b + (ch - Ch) * plane) + base;
+      dst[0] = to16<T>(sigmoid(g) * p * mk);
+      if (row_end)
+        for (int j = 1; j <= pads; ++j) dst[j] = to16<T>(0.f);
+    }
+  }
 };
 
 // Stores the tile as OutT (row-major, ld) into matrix blockIdx.z; rows/cols bound the store.
 // Optionally scales column c by col_scale[c] first (LayerNorm gamma on a gradient product).
+// 16-byte stores of kVec consecutive columns: a warp covers kVec rows x 32 columns, lane
+// (r_in = lane % kVec, j = lane / kVec) reading its row's 8 (4) values at banks r_in + kVec j +
+// const, i.e. every bank once per read (the tile rows are kEpiStride = 129 floats apart).
 template <class OutT>
 struct StoreEpilogue {
   OutT* ptr;
   int64_t ld, batch_stride, rows, cols;
   WeightRef col_scale{nullptr, 0, 0};
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(OutT));
+  static_assert(kVec == 4 || kVec == 8, "fp32 or 16-bit output");
+
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int z) const {
     OutT* base = ptr + z * batch_stride;
-    const int64_t c = n0 + threadIdx.x % Cfg::kBlockN;  // for_each_row_major keeps the column
-    const float scale = col_scale.ptr && c < cols ? weight_at(col_scale, 0, c) : 1.f;
-    for_each_row_major([&](int r, int n) {
-      const int64_t m = m0 + r;
-      if (m < rows && c < cols) {
-        if constexpr (sizeof(OutT) == 4) base[m * ld + c] = t.at(r, n) * scale;
-        else base[m * ld + c] = to16<OutT>(t.at(r, n) * scale);
+    if (threadIdx.x < Cfg::kBlockN) {  // the tile's column scales (1 without col_scale)
+      const int64_t c = n0 + threadIdx.x;
+      t.scratch[threadIdx.x] = col_scale.ptr && c < cols ? weight_at(col_scale, 0, c) : 1.f;
+    }
+    __syncthreads();
+    const bool aligned = ld % kVec == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r_in = lane % kVec, j = lane / kVec;
+    constexpr int kRowBlocks = Cfg::kBlockM / kVec, kItems = kRowBlocks * (Cfg::kBlockN / 32);
+    constexpr int kWarps = Cfg::kThreads / 32;
+#pragma unroll 2
+    for (int it = warp; it < kItems; it += kWarps) {
+      const int r = (it % kRowBlocks) * kVec + r_in, col = (it / kRowBlocks) * 32 + j * kVec;
+      const int64_t m = m0 + r, c = n0 + col;
+      if (m >= rows || c >= cols) continue;
+      float v[kVec];  // [column] of this lane's group
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[e] = t.at(r, col + e) * t.scratch[col + e];
+      OutT* dst = base + m * ld + c;
+      if (aligned && c + kVec <= cols) {
+        if constexpr (kVec == 4) {
+          *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+          uint4 q;
+          q.x = dev::MmaOp<OutT>::pack(v[0], v[1]), q.y = dev::MmaOp<OutT>::pack(v[2], v[3]);
+          q.z = dev::MmaOp<OutT>::pack(v[4], v[5]), q.w = dev::MmaOp<OutT>::pack(v[6], v[7]);
+          *reinterpret_cast<uint4*>(dst) = q;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (c + e < cols) {
+            if constexpr (kVec == 4) dst[e] = v[e];
+            else dst[e] = to16<OutT>(v[e]);
+          }
       }
-    });
+    }
   }
 };
 

@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "common/mma.cuh"
 #include "common/swizzle.cuh"
@@ -48,7 +50,21 @@ struct EpiTile {
   float* scratch;  // [kThreads]
   int64_t* rows;   // [kBlockM] per-row offsets an epilogue may precompute (row_offsets)
   __device__ float& at(int r, int n) const { return c[r * Cfg::kEpiStride + n]; }
+  // The same element when the epilogue asked for channel-major staging (channel_major_tile).
+  __device__ float& at_cm(int r, int n) const { return c[n * Cfg::kEpiStrideCm + r]; }
 };
+
+// An epilogue may stage some tiles channel-major by defining channel_major_tile(n0).
+template <class Epi, class = void>
+struct HasChannelMajorTiles : std::false_type {};
+template <class Epi>
+struct HasChannelMajorTiles<Epi, std::void_t<decltype(std::declval<const Epi&>().channel_major_tile(0))>>
+    : std::true_type {};
+template <class Epi>
+__device__ __forceinline__ bool stages_channel_major(const Epi& epi, int n0) {
+  if constexpr (HasChannelMajorTiles<Epi>::value) return epi.channel_major_tile(n0);
+  else return false;
+}
 
 // Row-major walk of the tile: every thread keeps one column (tid % 128) and visits rows of one
 // parity, so per-thread column sums need only one combine step (column_sums below).
@@ -106,28 +122,55 @@ namespace detail {
 constexpr int kTileElems = Cfg::kBlockM * Cfg::kBlockK;  // per operand per stage (BM == BN)
 static_assert(Cfg::kBlockM == Cfg::kBlockN, "operand tiles share one geometry");
 
-// One operand's ROWS x kBlockK tile for k-step [k0, k0 + kBlockK): K-major tiles are
-// [128 mn][32 k] (swizzle<32>), MN-major tiles [32 k][128 mn] (swizzle<128>).
+// One operand's share of a thread in every k-step tile: [128 mn][64 k] (K-major) or
+// [64 k][128 mn] (MN-major), 16-byte chunks, kPasses chunks per thread that sit kRowsPerPass
+// tile rows apart. Everything that does not depend on the k-step (global pointer, swizzled
+// shared offset, which chunks lie inside the mn extent) is computed once per tile, so a k-step
+// costs one pointer advance and a compare per chunk: the address arithmetic of a per-chunk
+// (row, chunk) decomposition used to outnumber the MMAs several times over.
 template <Major MAJ, class T>
-__device__ __forceinline__ void load_tile(T* tile, const T* base, const Operand& op, int64_t mn0,
-                                          int64_t k0) {
-  constexpr int kChunks = kTileElems / 8;
+struct TileLoader {
+  static constexpr int kW = MAJ == Major::kK ? Cfg::kBlockK : Cfg::kBlockM;  // tile row, elements
+  static constexpr int kChunksPerRow = kW / 8;
+  static constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
+  static constexpr int kPasses = kTileElems / 8 / Cfg::kThreads;
+  static_assert(kRowsPerPass % 8 == 0, "the swizzle (row & 7) is the same in every pass");
+
+  const T* src;        // this thread's chunk of pass 0 at k = 0
+  int64_t ld;          // global row stride (passes are kRowsPerPass rows apart)
+  int64_t k_limit;     // K-major: extent of k (cols); MN-major: of the k rows
+  int smem_off;        // tile elements, pass 0 (passes add kRowsPerPass * kW)
+  int k_lane;          // K-major: this chunk's k offset; MN-major: its k row
+  uint32_t mn_ok;      // bit p: pass p's chunk lies inside the mn extent
+
+  __device__ TileLoader(const T* base, const Operand& op, int64_t mn0) : ld(op.ld) {
+    const int r0 = threadIdx.x / kChunksPerRow, ch = threadIdx.x % kChunksPerRow;
+    smem_off = r0 * kW + dev::swizzle<kW>(r0, ch) * 8;
+    mn_ok = 0;
+    if constexpr (MAJ == Major::kK) {  // tile row = mn, chunk = k
+      src = base + (mn0 + r0) * op.ld + ch * 8;
+      k_lane = ch * 8, k_limit = op.cols;
 #pragma unroll
-  for (int i = threadIdx.x; i < kChunks; i += Cfg::kThreads) {
-    int r, ch;
-    int64_t grow, gcol;
-    if constexpr (MAJ == Major::kK) {
-      r = i / (Cfg::kBlockK / 8), ch = i % (Cfg::kBlockK / 8);
-      grow = mn0 + r, gcol = k0 + ch * 8;
-    } else {
-      r = i / (Cfg::kBlockM / 8), ch = i % (Cfg::kBlockM / 8);
-      grow = k0 + r, gcol = mn0 + ch * 8;
+      for (int p = 0; p < kPasses; ++p) mn_ok |= uint32_t(mn0 + r0 + p * kRowsPerPass < op.rows) << p;
+    } else {  // tile row = k, chunk = mn
+      src = base + r0 * op.ld + mn0 + ch * 8;
+      k_lane = r0, k_limit = op.rows;
+      mn_ok = mn0 + ch * 8 < op.cols ? (1u << kPasses) - 1 : 0u;
     }
-    const bool valid = grow < op.rows && gcol < op.cols;
-    constexpr int kW = MAJ == Major::kK ? Cfg::kBlockK : Cfg::kBlockM;
-    dev::cp_async_16(dev::tile_at<kW>(tile, r, ch), valid ? base + grow * op.ld + gcol : base, valid);
   }
-}
+
+  __device__ __forceinline__ void load(T* tile, int64_t k0) const {
+    const T* g = src + (MAJ == Major::kK ? k0 : k0 * ld);
+    const uint32_t s = dev::smem_addr(tile + smem_off);
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t k = k0 + k_lane + (MAJ == Major::kK ? 0 : p * kRowsPerPass);
+      const bool valid = ((mn_ok >> p) & 1u) && k < k_limit;
+      // Out-of-range chunks copy 0 bytes (zero fill): their address is never read.
+      dev::cp_async_16(s + p * kRowsPerPass * kW * int(sizeof(T)), g + p * kRowsPerPass * ld, valid);
+    }
+  }
+};
 
 // The m16k16 A fragment of rows [mr, mr + 16) at k-step ks of the tile.
 template <Major MAJ, class T>
@@ -154,6 +197,8 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const T* tile, int nc, 
 }  // namespace detail
 
 constexpr int kStageBytes = 2 * detail::kTileElems * 2;  // A and B, 16-bit
+static_assert(Cfg::kBlockN * Cfg::kEpiStrideCm <= Cfg::kStages * kStageBytes / 4,
+              "channel-major staging fits where the operand stages were");
 constexpr int kGemmSmemBytes =
     (Cfg::kStages * kStageBytes > Cfg::kBlockM * Cfg::kEpiStride * 4
          ? Cfg::kStages * kStageBytes
@@ -176,9 +221,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   const T* b_base = static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : z * B.batch_stride);
   auto stage_a = [&](int st) { return reinterpret_cast<T*>(smem + st * kStageBytes); };
   auto stage_b = [&](int st) { return stage_a(st) + detail::kTileElems; };
+  const detail::TileLoader<AM, T> a_loader(a_base, A, m0);
+  const detail::TileLoader<BMJ, T> b_loader(b_base, B, n0);
   auto load = [&](int st, int64_t k0) {
-    detail::load_tile<AM>(stage_a(st), a_base, A, m0, k0);
-    detail::load_tile<BMJ>(stage_b(st), b_base, B, n0, k0);
+    a_loader.load(stage_a(st), k0);
+    b_loader.load(stage_b(st), k0);
   };
 
   const int warp = threadIdx.x >> 5;
@@ -224,16 +271,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
                      reinterpret_cast<float*>(smem + kRowsAt - Cfg::kThreads * 4),
                      reinterpret_cast<int64_t*>(smem + kRowsAt)};
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  auto stage = [&](auto&& at) {
 #pragma unroll
-  for (int mi = 0; mi < kMi; ++mi)
+    for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < kNi; ++ni) {
-      const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
-      tile.at(r, n) = acc[mi][ni][0];
-      tile.at(r, n + 1) = acc[mi][ni][1];
-      tile.at(r + 8, n) = acc[mi][ni][2];
-      tile.at(r + 8, n + 1) = acc[mi][ni][3];
-    }
+      for (int ni = 0; ni < kNi; ++ni) {
+        const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
+        at(r, n) = acc[mi][ni][0];
+        at(r, n + 1) = acc[mi][ni][1];
+        at(r + 8, n) = acc[mi][ni][2];
+        at(r + 8, n + 1) = acc[mi][ni][3];
+      }
+  };
+  if (stages_channel_major(epi, n0)) stage([&](int r, int n) -> float& { return tile.at_cm(r, n); });
+  else stage([&](int r, int n) -> float& { return tile.at(r, n); });
   __syncthreads();
   epi(tile, m0, n0, z);
 }

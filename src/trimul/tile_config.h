@@ -22,6 +22,10 @@ struct GemmConfig {
   // The epilogue stages the fp32 accumulator tile in shared memory with rows padded by one
   // float: column walks (channel-major stores) and row walks are then both conflict-free.
   static constexpr int kEpiStride = kBlockN + 1;
+  // Channel-major staging ([n][r], for epilogues that store channel-major 8 pixels at a time):
+  // rows of 132 floats are 16-byte aligned for vector reads, and the 4-bank shift per column
+  // keeps the accumulator writes conflict-free (lane (g, t) lands in bank 8t + g).
+  static constexpr int kEpiStrideCm = kBlockM + 4;
 };
 
 // Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of
