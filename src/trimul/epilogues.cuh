@@ -10,13 +10,8 @@ namespace tpf::trimul {
 // and s(1 - s) for |x| > ~6, i.e. exactly the saturated gates of a trained model.
 __device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
-// Rows of the tile at m0 that lie inside [0, M).
-__device__ __forceinline__ int tile_rows(int64_t m0, int64_t M) {
-  return static_cast<int>(M - m0 < Cfg::kBlockM ? M - m0 : Cfg::kBlockM);
-}
-
 // Loads the tile's 128 bias values into the scratch area (bias[n0 + n], zero past `count`).
-// Synchronises; the scratch is then read-only until the epilogue's first column_sums.
+// Synchronises; the scratch is then read-only until the epilogue's first vector_column_sums.
 __device__ __forceinline__ const float* stage_bias(const EpiTile& t, const float* bias, int n0,
                                                    int count) {
   if (threadIdx.x < Cfg::kBlockN)
@@ -61,17 +56,20 @@ struct ProjectEpilogue {
     if (n0 < 4 * d.Ch) {
       if (d.N % 8 == 0) project_ab_vectorized(t, m0, n0, bs);
       else project_ab_scalar(t, m0, n0, bs);
-    } else {
-      const int col0 = n0 - 4 * static_cast<int>(d.Ch);
-      const int col = col0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
-      const float bn = bs[threadIdx.x % Cfg::kBlockN];
-      __half* g = gate + m0 * d.C + col;
-      for_each_row_major([&](int r, int n) {
-        if (m0 + r < M && col < d.C) {
-          const float l = t.at(r, n) + bn;
-          g[r * d.C] = __float2half_rn(gate_logit ? l : sigmoid(l));
-        }
-      });
+    } else {  // output gate, pixel-major fp16, 8 channels per store
+      const VecWalk<8> w;
+      const int c = n0 - 4 * static_cast<int>(d.Ch) + w.col();
+      if (c >= d.C) return;
+#pragma unroll 2
+      for (int k = 0; k < w.kItems; ++k) {
+        const int64_t m = m0 + w.row(k);
+        if (m >= M) continue;
+        float v[8];  // [channel]
+        w.read(t, k, v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = gate_logit ? v[e] + bs[w.col() + e] : sigmoid(v[e] + bs[w.col() + e]);
+        *reinterpret_cast<uint4*>(gate + m * d.C + c) = pack16<__half>(v);
+      }
     }
   }
 
@@ -137,47 +135,34 @@ struct ProjectEpilogue {
 
 // Stores the tile as OutT (row-major, ld) into matrix blockIdx.z; rows/cols bound the store.
 // Optionally scales column c by col_scale[c] first (LayerNorm gamma on a gradient product).
-// 16-byte stores of kVec consecutive columns: a warp covers kVec rows x 32 columns, lane
-// (r_in = lane % kVec, j = lane / kVec) reading its row's 8 (4) values at banks r_in + kVec j +
-// const, i.e. every bank once per read (the tile rows are kEpiStride = 129 floats apart).
+// 16-byte stores where the destination allows (VecWalk), element stores otherwise.
 template <class OutT>
 struct StoreEpilogue {
   OutT* ptr;
   int64_t ld, batch_stride, rows, cols;
   WeightRef col_scale{nullptr, 0, 0};
   static constexpr int kVec = 16 / static_cast<int>(sizeof(OutT));
-  static_assert(kVec == 4 || kVec == 8, "fp32 or 16-bit output");
 
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int z) const {
     OutT* base = ptr + z * batch_stride;
-    if (threadIdx.x < Cfg::kBlockN) {  // the tile's column scales (1 without col_scale)
-      const int64_t c = n0 + threadIdx.x;
-      t.scratch[threadIdx.x] = col_scale.ptr && c < cols ? weight_at(col_scale, 0, c) : 1.f;
-    }
-    __syncthreads();
-    const bool aligned = ld % kVec == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r_in = lane % kVec, j = lane / kVec;
-    constexpr int kRowBlocks = Cfg::kBlockM / kVec, kItems = kRowBlocks * (Cfg::kBlockN / 32);
-    constexpr int kWarps = Cfg::kThreads / 32;
-#pragma unroll 2
-    for (int it = warp; it < kItems; it += kWarps) {
-      const int r = (it % kRowBlocks) * kVec + r_in, col = (it / kRowBlocks) * 32 + j * kVec;
-      const int64_t m = m0 + r, c = n0 + col;
-      if (m >= rows || c >= cols) continue;
-      float v[kVec];  // [column] of this lane's group
+    const VecWalk<kVec> w;
+    const int64_t c = n0 + w.col();
+    if (c >= cols) return;
+    float scale[kVec];  // [column] LayerNorm gamma or 1
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) v[e] = t.at(r, col + e) * t.scratch[col + e];
+    for (int e = 0; e < kVec; ++e) scale[e] = col_scale.ptr && c + e < cols ? weight_at(col_scale, 0, c + e) : 1.f;
+    const bool vec = ld % kVec == 0 && aligned16(base) && c + kVec <= cols;
+#pragma unroll 2
+    for (int k = 0; k < w.kItems; ++k) {
+      const int64_t m = m0 + w.row(k);
+      if (m >= rows) continue;
+      float v[kVec];  // [column]
+      w.read(t, k, v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[e] *= scale[e];
       OutT* dst = base + m * ld + c;
-      if (aligned && c + kVec <= cols) {
-        if constexpr (kVec == 4) {
-          *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-        } else {
-          uint4 q;
-          q.x = dev::MmaOp<OutT>::pack(v[0], v[1]), q.y = dev::MmaOp<OutT>::pack(v[2], v[3]);
-          q.z = dev::MmaOp<OutT>::pack(v[4], v[5]), q.w = dev::MmaOp<OutT>::pack(v[6], v[7]);
-          *reinterpret_cast<uint4*>(dst) = q;
-        }
+      if (vec) {
+        *reinterpret_cast<uint4*>(dst) = pack16<OutT, kVec>(v);
       } else {
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
@@ -190,7 +175,9 @@ struct StoreEpilogue {
   }
 };
 
-// Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz).
+// Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz), 8 channels per lane: the gate
+// is read and out written 16 bytes at a time (out element-wise where a strided row is not
+// 16-byte aligned).
 struct OutputEpilogue {
   Dims d;
   const float* bias;    // [C]
@@ -199,22 +186,42 @@ struct OutputEpilogue {
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     auto* o = static_cast<__nv_bfloat16*>(out.ptr);
     row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(out, m0 + r, d.N) : 0; });
-    const int c = n0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
-    const float bc = c < d.C ? bias[c] : 0.f;
-    const __half* g = gate + m0 * d.C + c;
-    const int rows = tile_rows(m0, d.M());
-    for_each_row_major_prefetched<16>(
-        [&](int r) { return r < rows && c < d.C ? __half2float(g[r * d.C]) : 0.f; },
-        [&](int r, int n, float s) {
-          if (r < rows && c < d.C) o[t.rows[r] + c] = __float2bfloat16_rn(s * (t.at(r, n) + bc));
-        });
+    const VecWalk<8> w;
+    const int c = n0 + w.col();
+    if (c >= d.C) return;  // C is a multiple of 32: a group is all in or all out
+    float bc[8];           // [channel]
+#pragma unroll
+    for (int e = 0; e < 8; ++e) bc[e] = bias[c + e];
+    uint4 g[w.kItems];  // [item] 8 gates: all loads in flight before the first use
+#pragma unroll
+    for (int k = 0; k < w.kItems; ++k) {
+      const int64_t m = m0 + w.row(k);
+      g[k] = m < d.M() ? *reinterpret_cast<const uint4*>(gate + m * d.C + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < w.kItems; ++k) {
+      const int r = w.row(k);
+      if (m0 + r >= d.M()) continue;
+      float v[8], s[8];  // [channel] product, gate
+      w.read(t, k, v);
+      unpack8<__half>(s, g[k]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = s[e] * (v[e] + bc[e]);
+      __nv_bfloat16* dst = o + t.rows[r] + c;
+      if (aligned16(dst)) {
+        *reinterpret_cast<uint4*>(dst) = pack16<__nv_bfloat16>(v);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = __float2bfloat16_rn(v[e]);
+      }
+    }
   }
 };
 
 // Output stage, backward: recomputed y = LN_out(x) Wzᵀ + bz gives dy = dout * s (the output
 // projection's upstream gradient) and d(gate logits) = dout * y * s (1 - s), written into the
 // gate columns of the input projection's gradient. Per-tile column sums (bias gradients) go to
-// fixed slots [m-tile][column].
+// fixed slots [m-tile][column]. 8 channels per lane, 16-byte loads and stores.
 template <class T>
 struct OutGradEpilogue {
   Dims d;
@@ -228,36 +235,47 @@ struct OutGradEpilogue {
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const auto* go = static_cast<const __nv_bfloat16*>(dout.ptr);
     const int64_t ldl = d.proj_cols(), gcol = 4 * d.Ch;
-    float sum_dy = 0.f, sum_dg = 0.f;
     row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(dout, m0 + r, d.N) : 0; });
-    const int cc = n0 + static_cast<int>(threadIdx.x) % Cfg::kBlockN;
-    const float bc = cc < d.C ? bias[cc] : 0.f;
-    const int rows = tile_rows(m0, d.M());
-    const __half* gt = gate + m0 * d.C + cc;
-    T* dyp = dy + m0 * d.C + cc;
-    T* dgp = dlin + m0 * ldl + gcol + cc;
-    for_each_row_major_prefetched<16>(
-        [&](int r) {
-          return r < rows && cc < d.C
-                     ? make_float2(__half2float(gt[r * d.C]), __bfloat162float(go[t.rows[r] + cc]))
-                     : make_float2(0.f, 0.f);
-        },
-        [&](int r, int n, float2 v) {
-      if (r < rows && cc < d.C) {
-        const float s = sigmoid(v.x), y = t.at(r, n) + bc, g = v.y;
-        const float vdy = g * s, vdg = g * y * s * (1.f - s);
-        dyp[r * d.C] = to16<T>(vdy);
-        dgp[r * ldl] = to16<T>(vdg);
-        sum_dy += vdy;
-        sum_dg += vdg;
+    const VecWalk<8> w;
+    const int c = n0 + w.col();
+    const bool in = c < d.C;  // C is a multiple of 32: a group is all in or all out
+    float sum_dy[8] = {}, sum_dg[8] = {};  // [channel] over this lane's rows
+    if (in) {
+      float bc[8];  // [channel]
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bc[e] = bias[c + e];
+#pragma unroll 2
+      for (int k = 0; k < w.kItems; ++k) {
+        const int r = w.row(k);
+        const int64_t m = m0 + r;
+        if (m >= d.M()) continue;
+        float y[8], s[8], g[8];  // [channel] recomputed y, gate logit, dout
+        w.read(t, k, y);
+        unpack8<__half>(s, *reinterpret_cast<const uint4*>(gate + m * d.C + c));
+        const __nv_bfloat16* src = go + t.rows[r] + c;
+        if (aligned16(src)) {
+          unpack8<__nv_bfloat16>(g, *reinterpret_cast<const uint4*>(src));
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) g[e] = __bfloat162float(src[e]);
+        }
+        float vdy[8], vdg[8];  // [channel]
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float sg = sigmoid(s[e]), yy = y[e] + bc[e];
+          vdy[e] = g[e] * sg, vdg[e] = g[e] * yy * sg * (1.f - sg);
+          sum_dy[e] += vdy[e], sum_dg[e] += vdg[e];
+        }
+        *reinterpret_cast<uint4*>(dy + m * d.C + c) = pack16<T>(vdy);
+        *reinterpret_cast<uint4*>(dlin + m * ldl + gcol + c) = pack16<T>(vdg);
       }
-    });
+    }
     const int64_t mt = m0 / Cfg::kBlockM;
-    const int c = n0 + static_cast<int>(threadIdx.x);
-    const float tdy = column_sums(t, sum_dy);
-    if (threadIdx.x < Cfg::kBlockN && c < d.C) colsum_dy[mt * d.C + c] = tdy;
-    const float tdg = column_sums(t, sum_dg);
-    if (threadIdx.x < Cfg::kBlockN && c < d.C) colsum_lin[mt * ldl + gcol + c] = tdg;
+    const int cn = n0 + static_cast<int>(threadIdx.x);
+    const float tdy = vector_column_sums(t, w, sum_dy);
+    if (threadIdx.x < Cfg::kBlockN && cn < d.C) colsum_dy[mt * d.C + cn] = tdy;
+    const float tdg = vector_column_sums(t, w, sum_dg);
+    if (threadIdx.x < Cfg::kBlockN && cn < d.C) colsum_lin[mt * ldl + gcol + cn] = tdg;
   }
 };
 
@@ -305,16 +323,18 @@ struct ProjectBackwardEpilogue {
       }
     }
     __syncthreads();
-    float sum = 0.f;
-    const int rows = tile_rows(m0, M);
-    T* out = dlin + m0 * ldl + n0 + threadIdx.x % Cfg::kBlockN;
-    for_each_row_major([&](int r, int n) {
-      if (r < rows) {
-        out[r * ldl] = to16<T>(t.at(r, n));
-        sum += t.at(r, n);
-      }
-    });
-    const float tot = column_sums(t, sum);
+    const VecWalk<8> w;
+    float sum[8] = {};  // [column] over this lane's rows (rows past M hold zeros)
+#pragma unroll 2
+    for (int k = 0; k < w.kItems; ++k) {
+      const int64_t m = m0 + w.row(k);
+      float v[8];  // [column]
+      w.read(t, k, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[e] += v[e];
+      if (m < M) *reinterpret_cast<uint4*>(dlin + m * ldl + n0 + w.col()) = pack16<T>(v);
+    }
+    const float tot = vector_column_sums(t, w, sum);
     if (threadIdx.x < Cfg::kBlockN) colsum_lin[(m0 / Cfg::kBlockM) * ldl + n0 + threadIdx.x] = tot;
   }
 };

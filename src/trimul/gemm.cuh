@@ -66,48 +66,70 @@ __device__ __forceinline__ bool stages_channel_major(const Epi& epi, int n0) {
   else return false;
 }
 
-// Row-major walk of the tile: every thread keeps one column (tid % 128) and visits rows of one
-// parity, so per-thread column sums need only one combine step (column_sums below).
-// Every thread of the block must call column_sums (it synchronises).
-template <class F>
-__device__ __forceinline__ void for_each_row_major(F&& f) {
-  static_assert(Cfg::kThreads % Cfg::kBlockN == 0, "one column per thread");
-  constexpr int kRowStep = Cfg::kThreads / Cfg::kBlockN;
-  const int n = threadIdx.x % Cfg::kBlockN, r0 = threadIdx.x / Cfg::kBlockN;
-#pragma unroll 4
-  for (int r = r0; r < Cfg::kBlockM; r += kRowStep) f(r, n);
-}
-
-// The same walk for epilogues that read global memory per element: `load(r)` runs for a batch
-// of rows first, so its loads are in flight together, then `use(r, n, value)`.
-template <int kBatch, class L, class U>
-__device__ __forceinline__ void for_each_row_major_prefetched(L&& load, U&& use) {
-  constexpr int kRowStep = Cfg::kThreads / Cfg::kBlockN, kRows = Cfg::kBlockM / kRowStep;
-  static_assert(kRows % kBatch == 0, "whole batches");
-  const int n = threadIdx.x % Cfg::kBlockN, r0 = threadIdx.x / Cfg::kBlockN;
-  for (int b = 0; b < kRows; b += kBatch) {
-    decltype(load(0)) v[kBatch];
+// Vector walk of the tile for epilogues that store pixel-major: each lane owns kVec consecutive
+// columns (one 16-byte store of 16-bit values for kVec = 8, of fp32 for kVec = 4) of kItems
+// rows. A warp covers kVec rows x 32 columns per item, lane (r_in = lane % kVec, j = lane /
+// kVec) at banks r_in + kVec j + const of the 129-float rows: every bank once per read. Two
+// warps share a 32-column block, so a lane's columns are the same in every item and its column
+// sums need no more than a shuffle tree and one two-way combine (vector_column_sums).
+template <int kVec>
+struct VecWalk {
+  static_assert(kVec == 4 || kVec == 8, "16-byte groups of fp32 or 16-bit values");
+  static constexpr int kColBlocks = Cfg::kBlockN / 32;
+  static constexpr int kWarpsPerBlock = Cfg::kThreads / 32 / kColBlocks;
+  static constexpr int kItems = Cfg::kBlockM / kVec / kWarpsPerBlock;  // rows per lane
+  static_assert(kWarpsPerBlock == 2, "vector_column_sums combines two warps");
+  int r_in, j, warp;
+  __device__ VecWalk() : r_in(threadIdx.x % kVec), j((threadIdx.x & 31) / kVec), warp(threadIdx.x >> 5) {}
+  __device__ int col() const { return (warp / kWarpsPerBlock) * 32 + j * kVec; }  // first of kVec
+  __device__ int row(int k) const { return ((warp % kWarpsPerBlock) * kItems + k) * kVec + r_in; }
+  __device__ void read(const EpiTile& t, int k, float (&v)[kVec]) const {
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) v[i] = load(r0 + (b + i) * kRowStep);
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) use(r0 + (b + i) * kRowStep, n, v[i]);
+    for (int e = 0; e < kVec; ++e) v[e] = t.at(row(k), col() + e);
   }
-}
+};
 
-// Combines the per-thread column sums of for_each_row_major in a fixed order; thread n < 128
-// gets column n's total. Every thread of the block must call it.
-__device__ __forceinline__ float column_sums(const EpiTile& t, float mine) {
-  __syncthreads();  // the scratch may still be read by a previous call
-  t.scratch[threadIdx.x] = mine;
+// Fixed-order totals of per-lane column sums s[e] (columns w.col() + e over the lane's rows):
+// a shuffle tree over the kVec lanes of a column group, then the two warps of the block in
+// order. Thread n < 128 gets column n's total. Every thread of the block must call it.
+template <int kVec>
+__device__ __forceinline__ float vector_column_sums(const EpiTile& t, const VecWalk<kVec>& w,
+                                                    float (&s)[kVec]) {
+#pragma unroll
+  for (int o = 1; o < kVec; o <<= 1)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) s[e] += __shfl_xor_sync(0xffffffffu, s[e], o);
+  __syncthreads();  // the scratch may still be read by a previous call or a staged vector
+  if (w.r_in == 0)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) t.scratch[(w.warp % 2) * Cfg::kBlockN + w.col() + e] = s[e];
   __syncthreads();
-  float s = 0.f;
-  if (threadIdx.x < Cfg::kBlockN) {
-#pragma unroll
-    for (int i = 0; i < Cfg::kThreads / Cfg::kBlockN; ++i)
-      s += t.scratch[threadIdx.x + i * Cfg::kBlockN];
-  }
-  return s;
+  return threadIdx.x < Cfg::kBlockN ? t.scratch[threadIdx.x] + t.scratch[Cfg::kBlockN + threadIdx.x] : 0.f;
 }
+
+// 16 bytes of kVec values from kVec floats (fp32, or rounded to the 16-bit T).
+template <class T, int kVec>
+__device__ __forceinline__ uint4 pack16(const float (&v)[kVec]) {
+  if constexpr (kVec == 4) {
+    return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+  } else {
+    return make_uint4(dev::MmaOp<T>::pack(v[0], v[1]), dev::MmaOp<T>::pack(v[2], v[3]),
+                      dev::MmaOp<T>::pack(v[4], v[5]), dev::MmaOp<T>::pack(v[6], v[7]));
+  }
+}
+
+// 8 floats from 16 bytes of 16-bit values.
+template <class T>
+__device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = dev::pair_to_float2<T>(w[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Fills t.rows[r] = f(r) for the tile's rows (one call per row instead of per element: the
 // pixel decompositions behind these offsets are 64-bit divisions). Synchronises.
