@@ -59,23 +59,44 @@ __device__ __forceinline__ float load_any(const void* p, int dtype, int64_t off)
     default: return static_cast<const uint8_t*>(p)[off] ? 1.f : 0.f;  // bool
   }
 }
+// q = a / b, r = a % b for a, b >= 0: 32-bit arithmetic when both fit (every problem up to
+// B N^2 < 2^32 pixels), where 64-bit division would cost several times as many instructions.
+__device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+  if (((a | b) >> 32) == 0) {
+    const uint32_t q32 = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    q = q32, r = static_cast<uint32_t>(a) - q32 * static_cast<uint32_t>(b);
+  } else {
+    q = a / b, r = a - q * b;
+  }
+}
+// Pixel m as (batch, row, column).
+struct PixelIndex {
+  int64_t b, i, j;
+};
+__device__ __forceinline__ PixelIndex pixel_index(int64_t m, int64_t N) {
+  PixelIndex p;
+  int64_t ij;
+  divmod(m, N * N, p.b, ij);
+  divmod(ij, N, p.i, p.j);
+  return p;
+}
 __device__ __forceinline__ float weight_at(const WeightRef& w, int64_t r, int64_t c) {
   return w.ptr ? load_any(w.ptr, w.dtype, r * w.s0 + c) : 0.f;
 }
 __device__ __forceinline__ float mask_at(const MaskRef& m, int64_t pixel, int64_t N) {
   if (!m.ptr) return 1.f;
-  const int64_t b = pixel / (N * N), ij = pixel % (N * N);
-  return load_any(m.ptr, m.dtype, b * m.sb + (ij / N) * m.si + (ij % N) * m.sj);
+  const PixelIndex q = pixel_index(pixel, N);
+  return load_any(m.ptr, m.dtype, q.b * m.sb + q.i * m.si + q.j * m.sj);
 }
 // Offset of pixel m's channel 0 in a strided pixel-major tensor.
 __device__ __forceinline__ int64_t pair_offset(const PairRef& t, int64_t m, int64_t N) {
-  const int64_t b = m / (N * N), ij = m % (N * N);
-  return b * t.sb + (ij / N) * t.si + (ij % N) * t.sj;
+  const PixelIndex q = pixel_index(m, N);
+  return q.b * t.sb + q.i * t.si + q.j * t.sj;
 }
 // Offset of (pixel m, channel c) in a channel-major buffer.
 __device__ __forceinline__ int64_t cm_offset(const Dims& d, int64_t m, int64_t c) {
-  const int64_t b = m / (d.N * d.N), ij = m % (d.N * d.N);
-  return ((b * d.Ch + c) * d.N + ij / d.N) * d.Np + ij % d.N;
+  const PixelIndex q = pixel_index(m, d.N);
+  return ((q.b * d.Ch + c) * d.N + q.i) * d.Np + q.j;
 }
 #endif
 

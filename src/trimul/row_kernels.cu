@@ -18,25 +18,37 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Mean and 1/sqrt(var + eps) of the W values v[k] (channel lane + 32k) spread over a warp.
+// Which channel a lane's value k holds: kStrided, channel lane + 32k (one value per load);
+// kQuads, channel 4 (lane + 32 (k / 4)) + k % 4 (four consecutive channels per 8-byte load).
+enum class RowLayout { kStrided, kQuads };
+template <RowLayout L>
+__device__ __forceinline__ int channel_of(int k, int lane) {
+  return L == RowLayout::kStrided ? lane + 32 * k : 4 * (lane + 32 * (k / 4)) + k % 4;
+}
+
+// Mean and 1/sqrt(var + eps) of the W values v[k] spread over a warp (channels < W count).
+template <RowLayout L = RowLayout::kStrided>
 __device__ __forceinline__ float2 row_stats(const float (&v)[kMaxPerLane], int W, float eps) {
+  const int lane = threadIdx.x & 31;
   float s = 0.f;
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) s += k * 32 < W ? v[k] : 0.f;
+  for (int k = 0; k < kMaxPerLane; ++k) s += channel_of<L>(k, lane) < W ? v[k] : 0.f;
   const float mean = warp_sum(s) / W;
   float q = 0.f;
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) q += k * 32 < W ? (v[k] - mean) * (v[k] - mean) : 0.f;
+  for (int k = 0; k < kMaxPerLane; ++k) q += channel_of<L>(k, lane) < W ? (v[k] - mean) * (v[k] - mean) : 0.f;
   return make_float2(mean, rsqrtf(warp_sum(q) / W + eps));
 }
 
 // d x of the normalisation from g = d xhat and xhat (both per lane), in place in g.
+template <RowLayout L = RowLayout::kStrided>
 __device__ __forceinline__ void norm_backward(float (&g)[kMaxPerLane], const float (&xh)[kMaxPerLane],
                                               int W, float rstd) {
+  const int lane = threadIdx.x & 31;
   float sg = 0.f, sgx = 0.f;
 #pragma unroll
   for (int k = 0; k < kMaxPerLane; ++k)
-    if (k * 32 < W) sg += g[k], sgx += g[k] * xh[k];
+    if (channel_of<L>(k, lane) < W) sg += g[k], sgx += g[k] * xh[k];
   const float mg = warp_sum(sg) / W, mgx = warp_sum(sgx) / W;
 #pragma unroll
   for (int k = 0; k < kMaxPerLane; ++k) g[k] = rstd * (g[k] - mg - xh[k] * mgx);
@@ -60,41 +72,94 @@ __device__ __forceinline__ void normalize_row(const float (&v)[kMaxPerLane], int
   if (mean && lane == 0) mean[m] = st.x, rstd[m] = st.y;
 }
 
+// Four consecutive channels of a 16-bit row as floats (8-byte load when aligned).
+__device__ __forceinline__ void load4(float* v, const __nv_bfloat16* src, bool vec) {
+  if (vec) {
+    const uint2 u = *reinterpret_cast<const uint2*>(src);
+    const float2 lo = dev::pair_to_float2<__nv_bfloat16>(u.x), hi = dev::pair_to_float2<__nv_bfloat16>(u.y);
+    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = __bfloat162float(src[e]);
+  }
+}
+
+// One warp per pixel; each lane loads and stores four consecutive channels at a time (8-byte
+// accesses: a 128-channel row is one load and one store instruction per warp). z rows that a
+// strided view leaves unaligned are read element by element.
 __global__ void __launch_bounds__(kRowWarps * 32)
     ln_rows_forward_kernel(PairRef z, Dims d, float eps, __half* xhat, __nv_bfloat16* xhat_bf,
                            float* mean, float* rstd) {
+  constexpr auto kQ = RowLayout::kQuads;
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (m >= d.M()) return;
   const auto* src = static_cast<const __nv_bfloat16*>(z.ptr) + pair_offset(z, m, d.N);
   const int W = static_cast<int>(d.C);
-  float v[kMaxPerLane];
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 8 == 0;
+  float v[kMaxPerLane];  // [value] channel channel_of<kQuads>(k, lane)
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) v[k] = k * 32 < W ? __bfloat162float(src[k * 32 + lane]) : 0.f;
-  normalize_row(v, W, eps, m, lane, xhat, xhat_bf, mean, rstd);
+  for (int q = 0; q < kMaxPerLane / 4; ++q) {
+    const int c = channel_of<kQ>(4 * q, lane);
+    if (c >= W) v[4 * q] = v[4 * q + 1] = v[4 * q + 2] = v[4 * q + 3] = 0.f;
+    else load4(v + 4 * q, src + c, vec);
+  }
+  const float2 st = row_stats<kQ>(v, W, eps);
+#pragma unroll
+  for (int q = 0; q < kMaxPerLane / 4; ++q) {
+    const int c = channel_of<kQ>(4 * q, lane);
+    if (c >= W) continue;
+    float y[4];  // [channel c + e] normalised
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = (v[4 * q + e] - st.x) * st.y;
+    *reinterpret_cast<uint2*>(xhat + m * W + c) =
+        make_uint2(dev::MmaOp<__half>::pack(y[0], y[1]), dev::MmaOp<__half>::pack(y[2], y[3]));
+    if (xhat_bf)
+      *reinterpret_cast<uint2*>(xhat_bf + m * W + c) =
+          make_uint2(dev::MmaOp<__nv_bfloat16>::pack(y[0], y[1]), dev::MmaOp<__nv_bfloat16>::pack(y[2], y[3]));
+  }
+  if (mean && lane == 0) mean[m] = st.x, rstd[m] = st.y;
 }
 
 __global__ void __launch_bounds__(kRowWarps * 32)
     ln_rows_backward_kernel(const __nv_bfloat16* dxhat, PairRef z, Dims d, const float* mean,
                             const float* rstd, PairRef dz) {
+  constexpr auto kQ = RowLayout::kQuads;
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (m >= d.M()) return;
   const auto* src = static_cast<const __nv_bfloat16*>(z.ptr) + pair_offset(z, m, d.N);
   auto* dst = static_cast<__nv_bfloat16*>(dz.ptr) + pair_offset(dz, m, d.N);
+  const bool src_vec = reinterpret_cast<uintptr_t>(src) % 8 == 0, dst_vec = reinterpret_cast<uintptr_t>(dst) % 8 == 0;
   const int W = static_cast<int>(d.C);
   const float mu = mean[m], rs = rstd[m];
-  float xh[kMaxPerLane], g[kMaxPerLane];
+  float xh[kMaxPerLane], g[kMaxPerLane];  // [value] channel channel_of<kQuads>(k, lane)
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
-    const bool in = k * 32 < W;
-    xh[k] = in ? (__bfloat162float(src[k * 32 + lane]) - mu) * rs : 0.f;
-    g[k] = in ? __bfloat162float(dxhat[m * W + k * 32 + lane]) : 0.f;
+  for (int q = 0; q < kMaxPerLane / 4; ++q) {
+    const int c = channel_of<kQ>(4 * q, lane);
+    if (c < W) {
+      load4(xh + 4 * q, src + c, src_vec);
+      load4(g + 4 * q, dxhat + m * W + c, true);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      xh[4 * q + e] = c < W ? (xh[4 * q + e] - mu) * rs : 0.f;
+      if (c >= W) g[4 * q + e] = 0.f;
+    }
   }
-  norm_backward(g, xh, W, rs);
+  norm_backward<kQ>(g, xh, W, rs);
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k)
-    if (k * 32 < W) dst[k * 32 + lane] = __float2bfloat16_rn(g[k]);
+  for (int q = 0; q < kMaxPerLane / 4; ++q) {
+    const int c = channel_of<kQ>(4 * q, lane);
+    if (c >= W) continue;
+    if (dst_vec) {
+      *reinterpret_cast<uint2*>(dst + c) = make_uint2(dev::MmaOp<__nv_bfloat16>::pack(g[4 * q], g[4 * q + 1]),
+                                                      dev::MmaOp<__nv_bfloat16>::pack(g[4 * q + 2], g[4 * q + 3]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[c + e] = __float2bfloat16_rn(g[4 * q + e]);
+    }
+  }
 }
 
 // Channel-major tiles: kColPixels consecutive pixels x Ch channels in shared memory as
