@@ -126,6 +126,22 @@ __device__ __forceinline__ float2 pair_to_float2<__half>(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
+// Eight 16-bit values (16 bytes, first value lowest) to and from floats.
+template <class T>
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+  return make_uint4(MmaOp<T>::pack(v[0], v[1]), MmaOp<T>::pack(v[2], v[3]), MmaOp<T>::pack(v[4], v[5]),
+                    MmaOp<T>::pack(v[6], v[7]));
+}
+template <class T>
+__device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = pair_to_float2<T>(w[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+
 // Release/acquire on a 32-bit flag at GPU scope (the ordered dQ reduction's turn counter).
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;

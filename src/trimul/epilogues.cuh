@@ -204,7 +204,7 @@ struct OutputEpilogue {
       if (m0 + r >= d.M()) continue;
       float v[8], s[8];  // [channel] product, gate
       w.read(t, k, v);
-      unpack8<__half>(s, g[k]);
+      dev::unpack8<__half>(s, g[k]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = s[e] * (v[e] + bc[e]);
       __nv_bfloat16* dst = o + t.rows[r] + c;
@@ -251,10 +251,10 @@ struct OutGradEpilogue {
         if (m >= d.M()) continue;
         float y[8], s[8], g[8];  // [channel] recomputed y, gate logit, dout
         w.read(t, k, y);
-        unpack8<__half>(s, *reinterpret_cast<const uint4*>(gate + m * d.C + c));
+        dev::unpack8<__half>(s, *reinterpret_cast<const uint4*>(gate + m * d.C + c));
         const __nv_bfloat16* src = go + t.rows[r] + c;
         if (aligned16(src)) {
-          unpack8<__nv_bfloat16>(g, *reinterpret_cast<const uint4*>(src));
+          dev::unpack8<__nv_bfloat16>(g, *reinterpret_cast<const uint4*>(src));
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) g[e] = __bfloat162float(src[e]);

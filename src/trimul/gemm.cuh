@@ -113,19 +113,7 @@ __device__ __forceinline__ uint4 pack16(const float (&v)[kVec]) {
   if constexpr (kVec == 4) {
     return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
   } else {
-    return make_uint4(dev::MmaOp<T>::pack(v[0], v[1]), dev::MmaOp<T>::pack(v[2], v[3]),
-                      dev::MmaOp<T>::pack(v[4], v[5]), dev::MmaOp<T>::pack(v[6], v[7]));
-  }
-}
-
-// 8 floats from 16 bytes of 16-bit values.
-template <class T>
-__device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = dev::pair_to_float2<T>(w[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    return dev::pack8<T>(v);
   }
 }
 
