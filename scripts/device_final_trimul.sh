@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU machine with binaries built here (BIN_DIR): the multiplicative-update table of
+# issue 5, every GPU test, tpf check, synccheck on small trimul cases and the Python tests.
+# Each step is time-limited so that a slow one cannot lose the others' output.
+# Usage: scripts/device_final_trimul.sh BIN_DIR
+set -u
+BIN=${1:-.devbin}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/table"
+start=$SECONDS
+timeout 300 "$BIN/tpf" trimul-table --n 384,768,1024,2048 --ref-max-n 768 --iters 20 --out "$OUT/table" \
+  > "$OUT/table/trimul_table_log.txt" 2>&1
+echo "trimul-table rc=$? ($((SECONDS - start)) s)"; tail -5 "$OUT/table/trimul.md"
+timeout 200 "$BIN/tpf_gpu_tests" --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
+echo "gpu tests rc=$? $(tail -1 "$OUT/gpu_tests.txt") ($((SECONDS - start)) s)"
+timeout 90 "$BIN/tpf" check > "$OUT/tpf_check.txt" 2>&1; echo "tpf check rc=$?"; tail -2 "$OUT/tpf_check.txt"
+timeout 90 compute-sanitizer --tool synccheck --error-exitcode 9 "$BIN/tpf_gpu_tests" \
+  --gtest_filter='*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*' --gtest_brief=1 > "$OUT/sanitize_trimul_synccheck.txt" 2>&1
+echo "synccheck rc=$?"
+TPF_LIBRARY="$PWD/$BIN/libturbopairformer_c.so" PYTHONPATH=python timeout 120 python -m pytest tests/python -q -x \
+  -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
+echo "pytest rc=$? $(tail -1 "$OUT/pytest.txt") ($((SECONDS - start)) s)"
