@@ -49,10 +49,11 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s) 
   if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch), weight_rows(ws.wz, d.C, d.Ch),
                                                 {M, static_cast<int>(d.C), d.Ch, 0}, 1, og, s)) != cudaSuccess)
     return e;
-  // d xhat_out = (dy Wz) * gamma_out (Wz [C][Ch] read N-major), then LayerNorm_out backward.
-  const StoreEpilogue<T> to_dxhat_out{static_cast<T*>(ws.dxhat), d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
-  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dy, d, d.C), Operand{ws.wz_raw, d.Ch, 0, d.C, d.Ch},
-                                                 {M, static_cast<int>(d.Ch), d.C, 0}, 1, to_dxhat_out, s)) != cudaSuccess)
+  // d xhat_out = (dy Wz) * gamma_out (Wz [C][Ch] read N-major; K = 2C: dy's high and low parts
+  // against Wz twice), then LayerNorm_out backward.
+  const StoreEpilogue<float> to_dxhat_out{ws.dxhat, d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
+  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dy, d, 2 * d.C), Operand{ws.wz_raw, d.Ch, 0, 2 * d.C, d.Ch},
+                                                 {M, static_cast<int>(d.Ch), 2 * d.C, 0}, 1, to_dxhat_out, s)) != cudaSuccess)
     return e;
   if ((e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess) return e;
   if ((e = triangle_backward(p, ws, s)) != cudaSuccess) return e;
@@ -62,16 +63,17 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s) 
                                                 {M, static_cast<int>(4 * d.Ch), d.C, 0}, 1, pb, s)) != cudaSuccess)
     return e;
   // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz.
-  const StoreEpilogue<T> to_dxhat_in{static_cast<T*>(ws.dxhat), d.C, 0, M, d.C, p.w.w[kNormInW]};
+  const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
   if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dlin, d, P), Operand{ws.wcat_raw, d.C, 0, P, d.C},
                                                  {M, static_cast<int>(d.C), P, 0}, 1, to_dxhat_in, s)) != cudaSuccess)
     return e;
   if ((e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
   // Weight gradients.
   if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, s)) != cudaSuccess) return e;
-  if ((e = weight_gradient(d, ws.dy, d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
+  // dWz from dy's high rows then low rows: each chunk's [2C][Ch] partial is two [C][Ch] parts.
+  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_in, P * d.C, ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
-  if ((e = sum_partials(ws.part_out, d.C * d.Ch, ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
+  if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_dy, d.C, mt, ws.s_out, s)) != cudaSuccess) return e;
   return finalize_weight_grads(p, ws.g_in, ws.s_in, ws.g_out, ws.s_out, s);

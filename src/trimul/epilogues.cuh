@@ -221,14 +221,16 @@ struct OutputEpilogue {
 // Output stage, backward: recomputed y = LN_out(x) Wzᵀ + bz gives dy = dout * s (the output
 // projection's upstream gradient) and d(gate logits) = dout * y * s (1 - s), written into the
 // gate columns of the input projection's gradient. Per-tile column sums (bias gradients) go to
-// fixed slots [m-tile][column]. 8 channels per lane, 16-byte loads and stores.
+// fixed slots [m-tile][column]. 8 channels per lane, 16-byte loads and stores. dy goes out as
+// bf16 high and low parts (dy = hi + lo to ~16 bits): both of its products take them as one
+// operand twice as long, so dy's rounding does not reach d xhat_out and dWz.
 template <class T>
 struct OutGradEpilogue {
   Dims d;
   const float* bias;    // [C]
   const __half* gate;   // [M][C] logit
   PairRef dout;         // bf16
-  T* dy;              // [M][C]
+  T* dy;              // [M][2C]: high parts, then low parts
   T* dlin;            // [M][4Ch + C]
   float* colsum_dy;   // [m-tiles][C]
   float* colsum_lin;  // [m-tiles][4Ch + C]
@@ -266,7 +268,11 @@ struct OutGradEpilogue {
           vdy[e] = g[e] * sg, vdg[e] = g[e] * yy * sg * (1.f - sg);
           sum_dy[e] += vdy[e], sum_dg[e] += vdg[e];
         }
-        *reinterpret_cast<uint4*>(dy + m * d.C + c) = pack16<T>(vdy);
+        float lo[8];  // [channel] what the bf16 high part leaves
+#pragma unroll
+        for (int e = 0; e < 8; ++e) lo[e] = vdy[e] - dev::to_float(dev::from_float<T>(vdy[e]));
+        *reinterpret_cast<uint4*>(dy + m * 2 * d.C + c) = pack16<T>(vdy);
+        *reinterpret_cast<uint4*>(dy + m * 2 * d.C + d.C + c) = pack16<T>(lo);
         *reinterpret_cast<uint4*>(dlin + m * ldl + gcol + c) = pack16<T>(vdg);
       }
     }

@@ -73,6 +73,10 @@ __device__ __forceinline__ void load4(float* v, const T* src, bool vec) {
     for (int e = 0; e < 4; ++e) v[e] = dev::to_float(src[e]);
   }
 }
+__device__ __forceinline__ void load4(float* v, const float* src, bool) {  // 16-byte aligned rows
+  const float4 q = *reinterpret_cast<const float4*>(src);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
 template <class T>
 __device__ __forceinline__ void store4(T* dst, const float* v, bool vec) {
   if (vec) {
@@ -120,7 +124,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 }
 
 __global__ void __launch_bounds__(kRowWarps * 32)
-    ln_rows_backward_kernel(const __nv_bfloat16* dxhat, PairRef z, Dims d, const float* mean,
+    ln_rows_backward_kernel(const float* dxhat, PairRef z, Dims d, const float* mean,
                             const float* rstd, PairRef dz) {
   const Slot sl;
   const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock + sl.row;
@@ -229,7 +233,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 }
 
 __global__ void __launch_bounds__(kRowWarps * 32)
-    ln_cm_backward_kernel(const __nv_bfloat16* dxhat, const __nv_bfloat16* x, Dims d,
+    ln_cm_backward_kernel(const float* dxhat, const __nv_bfloat16* x, Dims d,
                           const float* mean, const float* rstd, __nv_bfloat16* dx) {
   extern __shared__ float tile[];  // [Ch][kColStride]: x, then d x
   const int W = static_cast<int>(d.Ch);
@@ -290,20 +294,20 @@ cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat
   return cudaGetLastError();
 }
 
-cudaError_t ln_rows_backward(const Problem& p, const void* dxhat, const float* mean,
+cudaError_t ln_rows_backward(const Problem& p, const float* dxhat, const float* mean,
                              const float* rstd, cudaStream_t s) {
   ln_rows_backward_kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(
-      static_cast<const __nv_bfloat16*>(dxhat), p.z, p.d, mean, rstd, p.dz);
+      dxhat, p.z, p.d, mean, rstd, p.dz);
   return cudaGetLastError();
 }
 
-cudaError_t ln_channel_major_backward(const Problem& p, const void* dxhat, const void* x,
+cudaError_t ln_channel_major_backward(const Problem& p, const float* dxhat, const void* x,
                                       const float* mean, const float* rstd, void* dx,
                                       cudaStream_t s) {
   const size_t smem = p.d.Ch * kColStride * sizeof(float);
   if (auto e = allow_smem(ln_cm_backward_kernel, smem); e != cudaSuccess) return e;
   ln_cm_backward_kernel<<<col_blocks(p.d), kRowWarps * 32, smem, s>>>(
-      static_cast<const __nv_bfloat16*>(dxhat), static_cast<const __nv_bfloat16*>(x), p.d, mean,
+      dxhat, static_cast<const __nv_bfloat16*>(x), p.d, mean,
       rstd, static_cast<__nv_bfloat16*>(dx));
   return cudaGetLastError();
 }

@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(kThreads)
     const float w = weight_at(W, src.row, c);
     dst[c] = __float2half_rn(w * weight_at(gamma, 0, c));
     if (raw) raw[row * K + c] = __float2bfloat16_rn(w);
+    if (raw && !in) raw[(row + d.C) * K + c] = __float2bfloat16_rn(w);  // Wz again: dy's low parts
     b += w * weight_at(beta, 0, c);
   }
 #pragma unroll

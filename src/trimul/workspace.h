@@ -34,12 +34,12 @@ struct Workspace {
   void* x = nullptr;                            // channel-major, bf16
   void* xhat_out = nullptr;                     // fp16 [M][Ch] (forward: aliases xhat_in)
   // Backward only.
-  void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights
+  void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights (wz_raw twice: [2C][Ch])
   void *xhat_in_bf = nullptr, *xhat_out_bf = nullptr;  // bf16 copies (weight-gradient operands)
   float *mean_in = nullptr, *rstd_in = nullptr, *mean_out = nullptr, *rstd_out = nullptr;  // [M]
-  void* dy = nullptr;                           // [M][C]
+  void* dy = nullptr;                           // [M][2C] bf16: dy's high parts, then its low parts
   void* dlin = nullptr;                         // [M][4Ch + C]
-  void* dxhat = nullptr;                        // [M][max(C, Ch)]: d xhat_out, then d xhat_in
+  float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
   float *colsum_dy = nullptr, *colsum_lin = nullptr;  // [m-tiles][C], [m-tiles][4Ch + C]
@@ -85,32 +85,32 @@ inline Workspace plan_workspace(const Dims& d, bool backward, void* base) {
   const int64_t cm4 = d.cm_elems() * 4, gate_bytes = aligned(M * d.C * 2),
                 x_bytes = aligned(d.cm_elems() * 2);
   auto* r1 = static_cast<uint8_t*>(take(std::max(gate_bytes + M * d.Ch * 2, cm4), 1));
-  auto* r2 = static_cast<uint8_t*>(take(std::max(x_bytes + M * std::max(d.C, d.Ch) * 2, cm4), 1));
+  auto* r2 = static_cast<uint8_t*>(take(std::max(x_bytes + M * std::max(d.C, d.Ch) * 4, cm4), 1));
   if (p) {
     w.gate = r1;
     w.xhat_out = r1 + gate_bytes;
     w.da = reinterpret_cast<float*>(r1);
     w.x = r2;
-    w.dxhat = r2 + x_bytes;
+    w.dxhat = reinterpret_cast<float*>(r2 + x_bytes);
     w.db = reinterpret_cast<float*>(r2);
   }
   w.wcat_raw = take(P * d.C, 2);
-  w.wz_raw = take(d.C * d.Ch, 2);
+  w.wz_raw = take(2 * d.C * d.Ch, 2);
   w.xhat_in_bf = take(M * d.C, 2);
   w.xhat_out_bf = take(M * d.Ch, 2);
   w.mean_in = static_cast<float*>(take(M, 4));
   w.rstd_in = static_cast<float*>(take(M, 4));
   w.mean_out = static_cast<float*>(take(M, 4));
   w.rstd_out = static_cast<float*>(take(M, 4));
-  w.dy = take(M * d.C, 2);
+  w.dy = take(M * 2 * d.C, 2);
   w.dlin = take(M * P, 2);
   w.dx = take(d.cm_elems(), 2);
   w.colsum_dy = static_cast<float*>(take(mt * d.C, 4));
   w.colsum_lin = static_cast<float*>(take(mt * P, 4));
   w.split_in = wgrad_split(M, P, d.C);
-  w.split_out = wgrad_split(M, d.C, d.Ch);
+  w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
   w.part_in = static_cast<float*>(take(w.split_in.parts * P * d.C, 4));
-  w.part_out = static_cast<float*>(take(w.split_out.parts * d.C * d.Ch, 4));
+  w.part_out = static_cast<float*>(take(w.split_out.parts * 2 * d.C * d.Ch, 4));
   w.g_in = static_cast<float*>(take(P * d.C, 4));
   w.g_out = static_cast<float*>(take(d.C * d.Ch, 4));
   w.s_in = static_cast<float*>(take(P, 4));

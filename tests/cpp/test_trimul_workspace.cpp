@@ -25,15 +25,15 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, bool backward) {
                         {"x", w.x, cm * 2},            {"xhat_out", w.xhat_out, M * d.Ch * 2}};
   if (!backward) return b;
   const std::vector<Buf> more = {
-      {"wcat_raw", w.wcat_raw, P * d.C * 2}, {"wz_raw", w.wz_raw, d.C * d.Ch * 2},
+      {"wcat_raw", w.wcat_raw, P * d.C * 2}, {"wz_raw", w.wz_raw, 2 * d.C * d.Ch * 2},
       {"xhat_in_bf", w.xhat_in_bf, M * d.C * 2}, {"xhat_out_bf", w.xhat_out_bf, M * d.Ch * 2},
       {"mean_in", w.mean_in, M * 4}, {"rstd_in", w.rstd_in, M * 4}, {"mean_out", w.mean_out, M * 4},
-      {"rstd_out", w.rstd_out, M * 4}, {"dy", w.dy, M * d.C * 2}, {"dlin", w.dlin, M * P * 2},
-      {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 2}, {"dx", w.dx, cm * 2}, {"da", w.da, cm * 4},
+      {"rstd_out", w.rstd_out, M * 4}, {"dy", w.dy, M * 2 * d.C * 2}, {"dlin", w.dlin, M * P * 2},
+      {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4}, {"dx", w.dx, cm * 2}, {"da", w.da, cm * 4},
       {"db", w.db, cm * 4}, {"colsum_dy", w.colsum_dy, mt * d.C * 4},
       {"colsum_lin", w.colsum_lin, mt * P * 4},
       {"part_in", w.part_in, w.split_in.parts * P * d.C * 4},
-      {"part_out", w.part_out, w.split_out.parts * d.C * d.Ch * 4}, {"g_in", w.g_in, P * d.C * 4},
+      {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4}, {"g_in", w.g_in, P * d.C * 4},
       {"g_out", w.g_out, d.C * d.Ch * 4}, {"s_in", w.s_in, P * 4}, {"s_out", w.s_out, d.C * 4}};
   b.insert(b.end(), more.begin(), more.end());
   return b;
