@@ -24,7 +24,8 @@ struct WeightSet {
 // weights) with gamma applied in fp32 in the epilogue. The backward keeps the gate logit in fp16
 // (s(1 - s) from a rounded s would lose its low bits near s = 1) and da, db in fp32 (they feed an
 // epilogue, not a tensor-core operand), as are d xhat_in and d xhat_out: the LayerNorm
-// backward reads them unrounded (a bf16 d xhat cost ~0.4x the floor on dz).
+// backward reads them unrounded (a bf16 d xhat cost ~0.4x the floor on dz); dy is stored as a
+// bf16 high/low pair, so its two products (d xhat_out and dWz) see it to ~16 bits.
 
 struct Problem {
   Dims d;
