@@ -333,6 +333,59 @@ def trimul_accuracy(fn, N, C):
     return res
 
 
+def trimul_floor_table(Ns, C=128, device="cuda", seed=99):
+    """Relative RMSE of our multiplicative update (out, dz, every weight gradient) against an
+    FP64 autograd reference computed on the same device (cuBLAS DGEMM: seconds where the C++ FP64
+    CPU reference of `tpf trimul-table` takes minutes to hours), each with its ratio to the bf16
+    floor (the exact answer rounded once to bf16): the accuracy half of issue 5's table at every
+    N. Rows that run out of memory say so."""
+    import turbopairformer as tpf
+    rows = []
+    for N in Ns:
+        row = {"N": N, "C": C}
+        rows.append(row)
+        try:
+            x, mask, w, dout = trimul_inputs(N, C, seed, device)
+            xl = x.detach().requires_grad_(True)
+            wl = {k: v.detach().requires_grad_(True) for k, v in w.items()}
+            out = tpf.triangle_multiplicative_update(xl, "outgoing", mask, **wl)
+            ours = [out.detach()] + list(torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout))
+            del out, xl, wl
+            x64 = x.double().requires_grad_(True)
+            w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
+            ref = _eager_trimul(x64, mask.double(), w64)
+            refs = [ref.detach()] + list(torch.autograd.grad(ref, [x64] + [w64[k] for k in TRIMUL_WEIGHTS], dout.double()))
+            del ref, x64, w64
+            for name, o, r in zip(["out", "dz"] + ["d_" + k for k in TRIMUL_WEIGHTS], ours, refs):
+                err, floor = rel(o, r), rel(r.to(torch.bfloat16), r)
+                row[name] = {"rel_rmse": err, "floor": floor, "ratio": err / floor if floor > 0 else float("nan")}
+            row["status"] = "ok"
+        except torch.cuda.OutOfMemoryError:
+            row["status"] = "out of memory"
+        finally:
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def write_floor_table(rows, out_dir: Path, gpu: str):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "trimul_accuracy.json").write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=1))
+    lines = [f"# Multiplicative update: accuracy against FP64 on {gpu}", "",
+             "B=1, C = Ch = 128, outgoing, bf16 z and weights, every bias, 10% of pairs masked. Relative RMSE "
+             "against an FP64 autograd reference on the GPU; in parentheses its ratio to the bf16 floor (the exact "
+             "answer rounded once to bf16). Made by `python -m turbopairformer.bench --trimul-accuracy N,...`.", "",
+             "| N | out | dz | worst weight gradient | status |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['N']} | — | — | — | {r.get('status', '')} |")
+            continue
+        f = lambda k: f"{r[k]['rel_rmse']:.2e} ({r[k]['ratio']:.2f})"
+        worst = max((v["ratio"], k) for k, v in r.items() if k.startswith("d_"))
+        lines.append(f"| {r['N']} | {f('out')} | {f('dz')} | {worst[0]:.2f} ({worst[1]}) | ok |")
+    (out_dir / "trimul_accuracy.md").write_text("\n".join(lines) + "\n")
+
+
 def _cell(r, key):
     if r is None:
         return "—"
@@ -459,6 +512,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default="attention,trimul")
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
+    ap.add_argument("--trimul-accuracy", metavar="N_LIST", default=None,
+                    help="only the multiplicative update's accuracy against FP64 (on the GPU) at these N")
     ap.add_argument("--replot", metavar="REPORT_JSON", default=None,
                     help="rewrite report.md and the plots from an earlier report.json, then stop")
     ap.add_argument("--budget", type=float, default=None,
@@ -472,6 +527,12 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
     gpu = torch.cuda.get_device_name()
+    if args.trimul_accuracy:
+        out = Path(args.out) if args.out else Path("bench/results") / re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower())).strip("-")
+        rows = trimul_floor_table([int(n) for n in args.trimul_accuracy.split(",")])
+        write_floor_table(rows, out, gpu)
+        print(f"written {out}/trimul_accuracy.md")
+        return
     Ns = [int(x) for x in args.n.split(",")]
     if args.quick:
         Ns = [n for n in Ns if n <= 768]

@@ -81,3 +81,15 @@ def test_bsnhd_layout_for_deepspeed_and_openfold3():
     tq, tk, tv, bias, mb = bench.prep_layout_bsnhd(q, q, q, torch.zeros(1, 1, 4, 5, 5), mask)
     assert tq.shape == (1, 5, 5, 4, 8) and tq.is_contiguous() and torch.equal(tq.transpose(2, 3), q)
     assert mb.shape == (1, 5, 1, 1, 5) and bool((mb[mask] == 0).all()) and bool((mb[~mask] == -1e9).all())
+
+
+def test_trimul_floor_table_on_cpu(tmp_path):
+    # CPU tensors run the FP64 reference and round once to bf16: every ratio is 1 by construction.
+    rows = bench.trimul_floor_table([5], C=32, device="cpu")
+    r = rows[0]
+    assert r["status"] == "ok" and set(k for k in r if k.startswith("d_")) == {"d_" + k for k in bench.TRIMUL_WEIGHTS}
+    assert 1e-4 < r["out"]["floor"] < 1e-2
+    assert all(abs(v["ratio"] - 1) < 0.05 for k, v in r.items() if isinstance(v, dict))
+    bench.write_floor_table(rows, tmp_path, "Fake GPU")
+    md = (tmp_path / "trimul_accuracy.md").read_text()
+    assert "| 5 |" in md and "ok |" in md
