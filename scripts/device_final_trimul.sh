@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine with binaries built here (BIN_DIR): the multiplicative-update table of
-# issue 5, every GPU test, tpf check, synccheck on small trimul cases and the Python tests.
+# issue 5 (with its accuracy at every N from an FP64 reference on the GPU), every GPU test,
+# tpf check, synccheck on small trimul cases and the Python tests.
 # Each step is time-limited so that a slow one cannot lose the others' output.
 # Usage: scripts/device_final_trimul.sh BIN_DIR
 set -u
@@ -16,6 +17,9 @@ timeout 90 "$BIN/tpf" check > "$OUT/tpf_check.txt" 2>&1; echo "tpf check rc=$?";
 timeout 90 compute-sanitizer --tool synccheck --error-exitcode 9 "$BIN/tpf_gpu_tests" \
   --gtest_filter='*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*' --gtest_brief=1 > "$OUT/sanitize_trimul_synccheck.txt" 2>&1
 echo "synccheck rc=$?"
+TPF_LIBRARY="$PWD/$BIN/libturbopairformer_c.so" PYTHONPATH=python timeout 240 python -m turbopairformer.bench \
+  --trimul-accuracy 384,768,1024,2048 --out "$OUT/table" > "$OUT/table/trimul_accuracy_log.txt" 2>&1
+echo "trimul accuracy (FP64 on the GPU) rc=$?"; tail -6 "$OUT/table/trimul_accuracy.md" 2>/dev/null
 TPF_LIBRARY="$PWD/$BIN/libturbopairformer_c.so" PYTHONPATH=python timeout 120 python -m pytest tests/python -q -x \
   -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
 echo "pytest rc=$? $(tail -1 "$OUT/pytest.txt") ($((SECONDS - start)) s)"
