@@ -208,6 +208,23 @@ class _OutOfTime(Exception):
     pass
 
 
+def run_case(row, body, save):
+    """Runs body(row), which fills in the measurements; records 'ok', 'out of memory' or the
+    failure, and the case's wall time (first-call autotuning and compiling included); saves the
+    partial report. One failing backend never stops the run."""
+    t0 = time.monotonic()
+    try:
+        body(row)
+        row["status"] = "ok"
+    except torch.cuda.OutOfMemoryError:
+        row["status"] = "out of memory"
+    except Exception as e:  # noqa: BLE001 - the report records any failure
+        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    torch.cuda.empty_cache()  # after the handlers: the body's tensors are released by now
+    row["case_s"] = round(time.monotonic() - t0, 1)
+    save()
+
+
 def attention_case(name, b, N, D, accuracy_n, rows, save):
     row = {"op": "triangle_attention", "backend": name, "N": N, "D": D}
     rows.append(row)
@@ -215,10 +232,9 @@ def attention_case(name, b, N, D, accuracy_n, rows, save):
         row["status"] = b
         return
     prep, fn, to_ours = b
-    sets = None
-    t0 = time.monotonic()
-    try:
-        sets = []
+
+    def body(row):
+        sets = []  # three input sets in the backend's layout, leaves marked for autograd
         for seed in range(3):
             q, k, v, bias, mask, _ = attention_inputs(N, D, seed)
             args = list(prep(q, k, v, bias, mask))
@@ -228,16 +244,7 @@ def attention_case(name, b, N, D, accuracy_n, rows, save):
         row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(fn, lambda a: a[:4], sets)
         if N == accuracy_n:
             row.update(attention_accuracy(prep, fn, to_ours, N, D))
-        row["status"] = "ok"
-    except torch.cuda.OutOfMemoryError:
-        row["status"] = "out of memory"
-    except Exception as e:  # noqa: BLE001 - the report records any failure
-        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    finally:
-        sets = None
-        torch.cuda.empty_cache()
-        row["case_s"] = round(time.monotonic() - t0, 1)  # wall time, autotuning and compiling included
-        save()
+    run_case(row, body, save)
 
 
 def attention_accuracy(prep, fn, to_ours, N, D):
@@ -274,10 +281,9 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
     if isinstance(fn, str):
         row["status"] = fn
         return
-    sets = None
-    t0 = time.monotonic()
-    try:
-        sets = []
+
+    def body(row):
+        sets = []  # three input sets: (x, mask, weights, autograd leaves)
         for seed in range(3):
             x, mask, w, _ = trimul_inputs(N, C, seed)
             leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
@@ -286,16 +292,7 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
             lambda x, mask, w, leaves: fn(x, mask, w), lambda a: a[3], sets)
         if N == accuracy_n:
             row.update(trimul_accuracy(fn, N, C))
-        row["status"] = "ok"
-    except torch.cuda.OutOfMemoryError:
-        row["status"] = "out of memory"
-    except Exception as e:  # noqa: BLE001
-        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    finally:
-        sets = None
-        torch.cuda.empty_cache()
-        row["case_s"] = round(time.monotonic() - t0, 1)  # wall time, autotuning and compiling included
-        save()
+    run_case(row, body, save)
 
 
 def schedule(att, tri, Ns, Ds, tri_Ns, ops):

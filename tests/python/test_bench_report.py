@@ -93,3 +93,22 @@ def test_trimul_floor_table_on_cpu(tmp_path):
     bench.write_floor_table(rows, tmp_path, "Fake GPU")
     md = (tmp_path / "trimul_accuracy.md").read_text()
     assert "| 5 |" in md and "ok |" in md
+
+
+def test_a_failing_case_is_recorded_and_the_run_goes_on():
+    import torch
+    saved = []
+
+    def oom(row):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    def broken(row):
+        row["fwd_ms"] = 1.0
+        raise ValueError("bad layout\nsecond line")
+
+    for body, status in ((oom, "out of memory"), (broken, "failed: ValueError: bad layout"),
+                         (lambda row: row.update(fwd_ms=2.0), "ok")):
+        row = {}
+        bench.run_case(row, body, lambda: saved.append(1))
+        assert row["status"] == status and "case_s" in row
+    assert len(saved) == 3
