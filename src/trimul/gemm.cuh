@@ -120,7 +120,7 @@ __device__ __forceinline__ uint4 pack16(const float (&v)[kVec]) {
 __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Fills t.rows[r] = f(r) for the tile's rows (one call per row instead of per element: the
-// pixel decompositions behind these offsets are 64-bit divisions). Synchronises.
+// pixel decompositions behind these offsets are integer divisions). Synchronises.
 template <class F>
 __device__ __forceinline__ void row_offsets(const EpiTile& t, F&& f) {
   if (threadIdx.x < Cfg::kBlockM) t.rows[threadIdx.x] = f(static_cast<int>(threadIdx.x));
