@@ -1,7 +1,6 @@
 // tpf accuracy: the accuracy table of issue 3 (relative RMSE against FP64 and its ratio to the
 // bf16 floor, compensation on and off) and the bitwise-determinism sweep. Needs a GPU.
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -101,24 +100,19 @@ Determinism determinism_sweep() {
 }  // namespace
 
 int cmd_accuracy(const Args& args) {
-  if (has_flag(args, "--help")) {
-    std::puts(
-        "usage: tpf accuracy [--n 384,640,768] [--d 16,32] [--heads 4] [--out DIR]\n\n"
-        "Relative RMSE of O, dQ, dK, dV, dbias against an FP64 reference (B=1, S=N, bf16, 20% of\n"
-        "keys masked) with compensation on and off, and its ratio to the bf16 floor (the exact\n"
-        "answer rounded once to bf16); then the bitwise-determinism sweep (672 cases, 5 backward\n"
-        "calls each). Writes attention_accuracy.json and .md into DIR (default: the current\n"
-        "folder). Needs a GPU.");
+  if (print_help(args,
+                 "usage: tpf accuracy [--n 384,640,768] [--d 16,32] [--heads 4] [--out DIR]\n\n"
+                 "Relative RMSE of O, dQ, dK, dV, dbias against an FP64 reference (B=1, S=N, bf16, 20% of\n"
+                 "keys masked) with compensation on and off, and its ratio to the bf16 floor (the exact\n"
+                 "answer rounded once to bf16); then the bitwise-determinism sweep (672 cases, 5 backward\n"
+                 "calls each). Writes attention_accuracy.json and .md into DIR (default: the current\n"
+                 "folder). Needs a GPU."))
     return 0;
-  }
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "tpf accuracy: no CUDA GPU found.\n");
-    return 1;
-  }
   const auto Ns = int_list(option(args, "--n", "384,640,768"));
   const auto Ds = int_list(option(args, "--d", "16,32"));
   const int H = std::stoi(option(args, "--heads", "4"));
   const std::string dir = option(args, "--out", ".");
+  if (!require_output_dir("tpf accuracy", dir) || !require_gpu("tpf accuracy")) return 1;
   std::vector<Row> rows;
   for (int N : Ns)
     for (int D : Ds) {
@@ -166,9 +160,9 @@ int cmd_accuracy(const Args& args) {
      << " cases gave identical dQ, dK, dV and dbias bytes over 5 backward calls (N in {1, 7, 33, "
         "64, 100, 129, 257} x D in {16, 32, 64, 128} x 3 mask patterns x 2 layouts x 2 bias "
         "dtypes x 2 seeds).\n";
-  std::ofstream(dir + "/attention_accuracy.json") << js.str();
-  std::ofstream(dir + "/attention_accuracy.md") << md.str();
   std::fputs(md.str().c_str(), stdout);
+  if (!write_file(dir, "attention_accuracy.json", js.str()) || !write_file(dir, "attention_accuracy.md", md.str()))
+    return 1;
   return det.deterministic == det.cases ? 0 : 1;
 }
 

@@ -132,26 +132,20 @@ int bench_trimul_cmd(const Args& args) {
 }  // namespace
 
 int cmd_bench(const Args& args) {
-  if (has_flag(args, "--help")) {
-    std::puts(
-        "usage: tpf bench [--op attention] [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20]\n"
-        "                 [--no-compensate] [--no-dbias] [--json]\n"
-        "       tpf bench --op trimul [--n 384,768,1024] [--c 128] [--ch 128]\n"
-        "                 [--direction outgoing|incoming] [--iters 20] [--json]\n\n"
-        "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs, 20% of\n"
-        "keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
-        "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
-        "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). With --op\n"
-        "trimul: the triangle multiplicative update (B=1, bf16, every bias), ms and TFLOP/s\n"
-        "(forward: 2N^2 C(4Ch+C) + 2N^3 Ch + 2N^2 Ch C; forward+backward counted as 3x).\n"
-        "Needs a GPU.");
+  if (print_help(args,
+                 "usage: tpf bench [--op attention] [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20]\n"
+                 "                 [--no-compensate] [--no-dbias] [--json]\n"
+                 "       tpf bench --op trimul [--n 384,768,1024] [--c 128] [--ch 128]\n"
+                 "                 [--direction outgoing|incoming] [--iters 20] [--json]\n\n"
+                 "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs, 20% of\n"
+                 "keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
+                 "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
+                 "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). With --op\n"
+                 "trimul: the triangle multiplicative update (B=1, bf16, every bias), ms and TFLOP/s\n"
+                 "(forward: 2N^2 C(4Ch+C) + 2N^3 Ch + 2N^2 Ch C; forward+backward counted as 3x).\n"
+                 "Needs a GPU."))
     return 0;
-  }
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "tpf bench: no CUDA GPU found; benchmarks need an sm_90a GPU (H100/H200). "
-                         "'tpf check' runs without one.\n");
-    return 1;
-  }
+  if (!require_gpu("tpf bench")) return 1;
   if (option(args, "--op", "attention") == "trimul") return bench_trimul_cmd(args);
   const auto Ns = int_list(option(args, "--n", "384,640,768"));
   const auto Ds = int_list(option(args, "--d", "16,32"));

@@ -161,14 +161,12 @@ void gpu_trimul_checks(std::vector<Row>& rows) {
 }  // namespace
 
 int cmd_check(const Args& args) {
-  if (has_flag(args, "--help")) {
-    std::puts(
-        "usage: tpf check [--json] [--cpu-only]\n\n"
-        "Runs the FP64 CPU reference's self-checks (gradients against finite differences, mask\n"
-        "semantics) and, when a GPU is present, the CUDA kernels against the reference: relative\n"
-        "RMSE over the bf16 floor and bitwise determinism over 5 calls. Exits 1 on any failure.");
+  if (print_help(args,
+                 "usage: tpf check [--json] [--cpu-only]\n\n"
+                 "Runs the FP64 CPU reference's self-checks (gradients against finite differences, mask\n"
+                 "semantics) and, when a GPU is present, the CUDA kernels against the reference: relative\n"
+                 "RMSE over the bf16 floor and bitwise determinism over 5 calls. Exits 1 on any failure."))
     return 0;
-  }
   std::vector<Row> rows;
   reference_attention_checks(rows);
   reference_trimul_checks(rows);

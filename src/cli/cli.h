@@ -25,4 +25,14 @@ std::string json_escape(const std::string& s);
 // Name of CUDA device 0, or "" without one.
 std::string gpu_name();
 
+// Prints `usage` and returns true when the arguments ask for --help (the subcommand returns 0).
+bool print_help(const Args& args, const char* usage);
+// False, with a line on stderr naming `command`, when no CUDA GPU is present.
+bool require_gpu(const char* command);
+// False, with a line on stderr, unless `dir` is an existing writable folder: checked before a
+// long run, so that its results are not computed and then lost.
+bool require_output_dir(const char* command, const std::string& dir);
+// Writes `text` to dir/name; false, with a line on stderr, when it cannot.
+bool write_file(const std::string& dir, const std::string& name, const std::string& text);
+
 }  // namespace tpf::cli

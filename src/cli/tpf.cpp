@@ -1,7 +1,11 @@
 // tpf: info / check / bench for TurboPairFormer.
 #include <cuda_runtime.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -47,11 +51,38 @@ std::string gpu_name() {
   return prop.name;
 }
 
+bool print_help(const Args& args, const char* usage) {
+  if (!has_flag(args, "--help")) return false;
+  std::puts(usage);
+  return true;
+}
+
+bool require_gpu(const char* command) {
+  if (cuda_device_count() > 0) return true;
+  std::fprintf(stderr, "%s: no CUDA GPU found; it needs an sm_90a GPU (H100/H200). 'tpf check' runs "
+                       "without one.\n", command);
+  return false;
+}
+
+bool require_output_dir(const char* command, const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec) && access(dir.c_str(), W_OK) == 0) return true;
+  std::fprintf(stderr, "%s: --out %s is not a writable folder (create it first)\n", command, dir.c_str());
+  return false;
+}
+
+bool write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream f(path);
+  f << text;
+  f.flush();
+  if (f) return true;
+  std::fprintf(stderr, "tpf: could not write %s\n", path.c_str());
+  return false;
+}
+
 int cmd_info(const Args& args) {
-  if (has_flag(args, "--help")) {
-    std::puts("usage: tpf info\n\nPrints the build, the GPU (if any) and the support matrix.");
-    return 0;
-  }
+  if (print_help(args, "usage: tpf info\n\nPrints the build, the GPU (if any) and the support matrix.")) return 0;
   std::printf("TurboPairFormer %s\n", version());
   std::printf("build: %s\n", build_info());
   const int n = cuda_device_count();

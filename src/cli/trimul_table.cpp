@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -49,28 +48,23 @@ TableRow measure(int N, int C, bool outgoing, int iters, bool accuracy) {
 }  // namespace
 
 int cmd_trimul_table(const Args& args) {
-  if (has_flag(args, "--help")) {
-    std::puts(
-        "usage: tpf trimul-table [--n 384,768,1024,2048] [--c 128] [--ref-max-n 768]\n"
-        "                        [--direction outgoing|incoming] [--iters 20] [--out DIR]\n\n"
-        "Triangle multiplicative update, B=1, C=Ch, bf16 z and weights, every bias: median time\n"
-        "of forward and forward+backward (CUDA events, 3 warm-up calls), the device memory a call\n"
-        "holds (tensors + workspace), and for N <= --ref-max-n the relative RMSE of out, dz and\n"
-        "every weight gradient against the FP64 CPU reference with its ratio to the bf16 floor,\n"
-        "plus bitwise determinism over 2 backward calls (the reference costs ~1 minute at N = 768\n"
-        "on 16 cores, several at 1024). Writes trimul.json and trimul.md into DIR.");
+  if (print_help(args,
+                 "usage: tpf trimul-table [--n 384,768,1024,2048] [--c 128] [--ref-max-n 768]\n"
+                 "                        [--direction outgoing|incoming] [--iters 20] [--out DIR]\n\n"
+                 "Triangle multiplicative update, B=1, C=Ch, bf16 z and weights, every bias: median time\n"
+                 "of forward and forward+backward (CUDA events, 3 warm-up calls), the device memory a call\n"
+                 "holds (tensors + workspace), and for N <= --ref-max-n the relative RMSE of out, dz and\n"
+                 "every weight gradient against the FP64 CPU reference with its ratio to the bf16 floor,\n"
+                 "plus bitwise determinism over 2 backward calls (the reference costs ~1 minute at N = 768\n"
+                 "on 16 cores, several at 1024). Writes trimul.json and trimul.md into DIR."))
     return 0;
-  }
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "tpf trimul-table: no CUDA GPU found.\n");
-    return 1;
-  }
   const auto Ns = int_list(option(args, "--n", "384,768,1024,2048"));
   const int C = std::stoi(option(args, "--c", "128"));
   const int ref_max = std::stoi(option(args, "--ref-max-n", "768"));
   const int iters = std::stoi(option(args, "--iters", "20"));
   const bool outgoing = option(args, "--direction", "outgoing") != "incoming";
   const std::string dir = option(args, "--out", ".");
+  if (!require_output_dir("tpf trimul-table", dir) || !require_gpu("tpf trimul-table")) return 1;
   std::vector<TableRow> rows;
   for (int N : Ns) {
     std::fprintf(stderr, "  trimul N=%d%s\n", N, N <= ref_max ? " (with FP64 reference)" : "");
@@ -126,10 +120,8 @@ int cmd_trimul_table(const Args& args) {
     js << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   js << "  ]\n}\n";
-  std::ofstream(dir + "/trimul.json") << js.str();
-  std::ofstream(dir + "/trimul.md") << md.str();
   std::fputs(md.str().c_str(), stdout);
-  return 0;
+  return write_file(dir, "trimul.json", js.str()) && write_file(dir, "trimul.md", md.str()) ? 0 : 1;
 }
 
 }  // namespace tpf::cli
