@@ -311,12 +311,18 @@ def schedule(att, tri, Ns, Ds, tri_Ns, ops):
     return cases
 
 
-def trimul_accuracy(fn, N, C):
-    x, mask, w, dout = trimul_inputs(N, C, 99)
+def trimul_fp64(x, mask, w, dout):
+    """[out, dz, d(each weight in TRIMUL_WEIGHTS order)] from FP64 autograd on x's device."""
     x64 = x.double().requires_grad_(True)
     w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
     ref = _eager_trimul(x64, mask.double(), w64)
-    ref_grads = torch.autograd.grad(ref, [x64] + [w64[k] for k in TRIMUL_WEIGHTS], dout.double())
+    grads = torch.autograd.grad(ref, [x64] + [w64[k] for k in TRIMUL_WEIGHTS], dout.double())
+    return [ref.detach()] + list(grads)
+
+
+def trimul_accuracy(fn, N, C):
+    x, mask, w, dout = trimul_inputs(N, C, 99)
+    ref, *ref_grads = trimul_fp64(x, mask, w, dout)
     runs = []
     for _ in range(5):
         xl = x.detach().requires_grad_(True)
@@ -324,7 +330,7 @@ def trimul_accuracy(fn, N, C):
         out = fn(xl, mask, wl)
         runs.append(torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout, allow_unused=True))
     det = all(all(torch.equal(a, b) for a, b in zip(r, runs[0]) if a is not None) for r in runs[1:])
-    res = {"deterministic_5_calls": det, "rmse_out": rel(out.detach(), ref.detach()), "rmse_dz": rel(runs[0][0], ref_grads[0])}
+    res = {"deterministic_5_calls": det, "rmse_out": rel(out.detach(), ref), "rmse_dz": rel(runs[0][0], ref_grads[0])}
     worst = max((rel(g, r), k) for g, r, k in zip(runs[0][1:], ref_grads[1:], TRIMUL_WEIGHTS) if g is not None)
     res["rmse_worst_weight_grad"], res["worst_weight"] = worst
     return res
@@ -348,11 +354,7 @@ def trimul_floor_table(Ns, C=128, device="cuda", seed=99):
             out = tpf.triangle_multiplicative_update(xl, "outgoing", mask, **wl)
             ours = [out.detach()] + list(torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout))
             del out, xl, wl
-            x64 = x.double().requires_grad_(True)
-            w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
-            ref = _eager_trimul(x64, mask.double(), w64)
-            refs = [ref.detach()] + list(torch.autograd.grad(ref, [x64] + [w64[k] for k in TRIMUL_WEIGHTS], dout.double()))
-            del ref, x64, w64
+            refs = trimul_fp64(x, mask, w, dout)
             for name, o, r in zip(["out", "dz"] + ["d_" + k for k in TRIMUL_WEIGHTS], ours, refs):
                 err, floor = rel(o, r), rel(r.to(torch.bfloat16), r)
                 row[name] = {"rel_rmse": err, "floor": floor, "ratio": err / floor if floor > 0 else float("nan")}
