@@ -41,6 +41,10 @@ typedef struct tpf_trimul_args {
   tpf_tensor w[TPF_TRIMUL_WEIGHTS], dw[TPF_TRIMUL_WEIGHTS];
   int32_t direction; /* 0 outgoing, 1 incoming */
   double eps;
+  /* Optional training buffer (tpf::TrimulForwardParams::saved): the CUDA forward writes it, the
+   * CUDA backward reads it instead of recomputing; NULL: none. The CPU reference ignores it. */
+  void* saved;
+  size_t saved_bytes;
 } tpf_trimul_args;
 
 /* on_gpu = 0 runs the FP64 CPU reference on host tensors; 1 the CUDA kernels on `stream`. */
@@ -53,6 +57,8 @@ TPF_C_API int tpf_attention_backward(const tpf_attention_args* a, int32_t on_gpu
 /* Device workspace bytes of the CUDA forward (backward = 0) or backward (1); 0 for the CPU path. */
 TPF_C_API int tpf_trimul_workspace_size(const tpf_trimul_args* a, int32_t backward, size_t* bytes,
                                         char* err, size_t err_len);
+/* Bytes of the `saved` buffer for z [B, N, N, C] and hidden width Ch (0 if a size is < 1). */
+TPF_C_API size_t tpf_trimul_saved_size(int64_t batch, int64_t n, int64_t c, int64_t c_hidden);
 TPF_C_API int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,
                                  size_t workspace_bytes, void* stream, char* err, size_t err_len);
 TPF_C_API int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,

@@ -38,6 +38,14 @@ struct TrimulForwardParams {
   TrimulDirection direction = TrimulDirection::kOutgoing;
   double eps = 1e-5;
   TensorView out;   // [B,N,N,C] z's dtype, written
+  // Optional device buffer of trimul_saved_size bytes (256-byte aligned) for training: the
+  // forward writes into it what the backward needs (normalised inputs, projections, the
+  // triangle product, statistics), and a backward given the same buffer, the same inputs and
+  // weights, reads it instead of recomputing the forward (its gradients are then those of the
+  // forward's own fp16 products). nullptr: the forward keeps nothing and the backward recomputes.
+  // The backward only reads it, so it may serve several backward calls.
+  void* saved = nullptr;
+  size_t saved_bytes = 0;
 };
 
 struct TrimulBackwardParams {
@@ -57,6 +65,9 @@ Status validate_trimul_backward(const TrimulBackwardParams& p, bool for_gpu);
 // below 65504 in magnitude. Backward: bf16 operands. Both are bitwise deterministic.
 Status trimul_forward_workspace_size(const TrimulForwardParams& p, size_t* bytes);
 Status trimul_backward_workspace_size(const TrimulBackwardParams& p, size_t* bytes);
+// Bytes of the `saved` buffer: of the problem's shapes, or of B, N, C, Ch (0 if one is < 1).
+Status trimul_saved_size(const TrimulForwardParams& p, size_t* bytes);
+size_t trimul_saved_bytes(int64_t B, int64_t N, int64_t C, int64_t Ch);
 Status trimul_forward(const TrimulForwardParams& p, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream);
 Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t workspace_bytes,

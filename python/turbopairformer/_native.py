@@ -41,7 +41,7 @@ class TpfTrimulArgs(ctypes.Structure):
     _fields_ = [("z", TpfTensor), ("mask", TpfTensor), ("out", TpfTensor), ("dout", TpfTensor),
                 ("dz", TpfTensor), ("w", TpfTensor * len(TRIMUL_WEIGHTS)),
                 ("dw", TpfTensor * len(TRIMUL_WEIGHTS)), ("direction", ctypes.c_int32),
-                ("eps", ctypes.c_double)]
+                ("eps", ctypes.c_double), ("saved", ctypes.c_void_p), ("saved_bytes", ctypes.c_size_t)]
 
 
 def _candidates():
@@ -75,6 +75,8 @@ def _load():
     lib.tpf_trimul_forward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_void_p) + err
     lib.tpf_trimul_backward.argtypes = lib.tpf_trimul_forward.argtypes
+    lib.tpf_trimul_saved_size.argtypes = (ctypes.c_int64,) * 4
+    lib.tpf_trimul_saved_size.restype = ctypes.c_size_t
     for f in (lib.tpf_attention_forward, lib.tpf_attention_backward_workspace_size,
               lib.tpf_attention_backward, lib.tpf_trimul_workspace_size, lib.tpf_trimul_forward,
               lib.tpf_trimul_backward):

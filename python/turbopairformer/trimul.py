@@ -35,6 +35,18 @@ def _args(x, mask, weights, direction, eps, **extra) -> _native.TpfTrimulArgs:
     return a
 
 
+def _saved_bytes(x, p_in_weight) -> int:
+    """Bytes of the saved set a CUDA training forward keeps for the backward (shapes only)."""
+    return int(_native.LIB.tpf_trimul_saved_size(int(x.shape[0]), int(x.shape[1]), int(x.shape[3]),
+                                                  int(p_in_weight.shape[0]) // 2))
+
+
+def _saved_buffer(x, p_in_weight, save: bool) -> torch.Tensor:
+    """The saved set's buffer (empty where nothing is saved: CPU, inference, bad shapes)."""
+    n = _saved_bytes(x, p_in_weight) if save and x.is_cuda and p_in_weight is not None and x.dim() == 4 else 0
+    return torch.empty(n, dtype=torch.uint8, device=x.device)
+
+
 def _call(fn, a, x, backward: bool):
     err = _native.error_buffer()
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
@@ -45,51 +57,64 @@ def _call(fn, a, x, backward: bool):
 
 # The twelve weights are separate optional arguments (not a list): the schema then says exactly
 # which gradient belongs to which input. Order: norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias.
+def _with_saved(a, saved: torch.Tensor):
+    if saved.numel():
+        a.saved = saved.data_ptr()
+        a.saved_bytes = saved.numel()
+    return a
+
+
+# save: also return the saved set (what the backward needs from the forward) for autograd; an
+# empty tensor where nothing is saved (CPU, save=False).
 @torch.library.custom_op("turbopairformer::trimul_fwd", mutates_args=())
 def _trimul_fwd(x: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: Optional[torch.Tensor], norm_in_bias: Optional[torch.Tensor], p_in_weight: Optional[torch.Tensor], p_in_bias: Optional[torch.Tensor], g_in_weight: Optional[torch.Tensor], g_in_bias: Optional[torch.Tensor], norm_out_weight: Optional[torch.Tensor], norm_out_bias: Optional[torch.Tensor], p_out_weight: Optional[torch.Tensor], p_out_bias: Optional[torch.Tensor], g_out_weight: Optional[torch.Tensor], g_out_bias: Optional[torch.Tensor],
-                direction: int, eps: float) -> torch.Tensor:
+                direction: int, eps: float, save: bool) -> tuple[torch.Tensor, torch.Tensor]:
     weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _call(_native.LIB.tpf_trimul_forward, _args(x, mask, weights, direction, eps, out=out), x, False)
-    return out
+    saved = _saved_buffer(x, p_in_weight, save)
+    _call(_native.LIB.tpf_trimul_forward,
+          _with_saved(_args(x, mask, weights, direction, eps, out=out), saved), x, False)
+    return out, saved
 
 
 @_trimul_fwd.register_fake
-def _(x, mask, norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias, direction, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+def _(x, mask, norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias, direction, eps, save):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _saved_buffer(x, p_in_weight, save)
 
 
+# saved: the forward's saved set, or empty (the backward then recomputes the forward).
 @torch.library.custom_op("turbopairformer::trimul_bwd", mutates_args=())
-def _trimul_bwd(dout: torch.Tensor, x: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: Optional[torch.Tensor], norm_in_bias: Optional[torch.Tensor], p_in_weight: Optional[torch.Tensor], p_in_bias: Optional[torch.Tensor], g_in_weight: Optional[torch.Tensor], g_in_bias: Optional[torch.Tensor], norm_out_weight: Optional[torch.Tensor], norm_out_bias: Optional[torch.Tensor], p_out_weight: Optional[torch.Tensor], p_out_bias: Optional[torch.Tensor], g_out_weight: Optional[torch.Tensor], g_out_bias: Optional[torch.Tensor],
+def _trimul_bwd(dout: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, mask: Optional[torch.Tensor], norm_in_weight: Optional[torch.Tensor], norm_in_bias: Optional[torch.Tensor], p_in_weight: Optional[torch.Tensor], p_in_bias: Optional[torch.Tensor], g_in_weight: Optional[torch.Tensor], g_in_bias: Optional[torch.Tensor], norm_out_weight: Optional[torch.Tensor], norm_out_bias: Optional[torch.Tensor], p_out_weight: Optional[torch.Tensor], p_out_bias: Optional[torch.Tensor], g_out_weight: Optional[torch.Tensor], g_out_bias: Optional[torch.Tensor],
                 direction: int, eps: float) -> list[torch.Tensor]:
     weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
     dout = dout.contiguous()
     dz = torch.empty_like(x, memory_format=torch.contiguous_format)
     dw = [torch.empty_like(w) if w is not None else None for w in weights]
     _call(_native.LIB.tpf_trimul_backward,
-          _args(x, mask, weights, direction, eps, dout=dout, dz=dz, dw=dw), x, True)
+          _with_saved(_args(x, mask, weights, direction, eps, dout=dout, dz=dz, dw=dw), saved), x, True)
     # absent weights get an empty placeholder (a custom op returns tensors only)
     return [dz] + [g if g is not None else x.new_empty(0) for g in dw]
 
 
 @_trimul_bwd.register_fake
-def _(dout, x, mask, norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias, direction, eps):
+def _(dout, saved, x, mask, norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias, direction, eps):
     weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
     return [torch.empty_like(x, memory_format=torch.contiguous_format)] + [
         torch.empty_like(w) if w is not None else x.new_empty(0) for w in weights]
 
 
 def _setup_context(ctx, inputs, output):
-    x, mask, *weights, direction, eps = inputs
-    ctx.save_for_backward(x, mask, *weights)
+    x, mask, *weights, direction, eps, _save = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1], x, mask, *weights)
     ctx.direction, ctx.eps = direction, eps
 
 
-def _backward(ctx, dout):
-    x, mask, *weights = ctx.saved_tensors
-    dz, *dw = _trimul_bwd(dout, x, mask, *weights, ctx.direction, ctx.eps)
+def _backward(ctx, dout, _dsaved):
+    saved, x, mask, *weights = ctx.saved_tensors
+    dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps)
     grads = [g if w is not None else None for g, w in zip(dw, weights)]
-    return (dz, None, *grads, None, None)
+    return (dz, None, *grads, None, None, None)
 
 
 torch.library.register_autograd("turbopairformer::trimul_fwd", _backward,
@@ -117,5 +142,8 @@ def triangle_multiplicative_update(
         mask = mask.unsqueeze(0) if mask is not None else None
     weights = [norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias,
                norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
-    out = _trimul_fwd(x, mask, *weights, _DIRECTIONS[direction], float(eps))
+    # Training keeps the forward's intermediates for the backward (it then skips recomputing
+    # the forward); inference keeps nothing.
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x] + weights)
+    out, _ = _trimul_fwd(x, mask, *weights, _DIRECTIONS[direction], float(eps), save)
     return out.squeeze(0) if unbatched else out

@@ -79,6 +79,8 @@ tpf::TrimulForwardParams trimul_forward_params(const tpf_trimul_args& a) {
   p.direction = static_cast<tpf::TrimulDirection>(a.direction);
   p.eps = a.eps;
   p.out = view(a.out);
+  p.saved = a.saved;
+  p.saved_bytes = a.saved_bytes;
   return p;
 }
 
@@ -100,6 +102,10 @@ int tpf_trimul_workspace_size(const tpf_trimul_args* a, int32_t backward, size_t
   return report(backward ? tpf::trimul_backward_workspace_size(trimul_backward_params(*a), bytes)
                          : tpf::trimul_forward_workspace_size(trimul_forward_params(*a), bytes),
                 err, err_len);
+}
+
+size_t tpf_trimul_saved_size(int64_t batch, int64_t n, int64_t c, int64_t c_hidden) {
+  return tpf::trimul_saved_bytes(batch, n, c, c_hidden);
 }
 
 int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,

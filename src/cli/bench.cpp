@@ -79,6 +79,7 @@ struct TrimulResult {
   int N, C, Ch;
   bool outgoing;
   double fwd_ms, fwdbwd_ms, fwd_tflops, fwdbwd_tflops, fwd_ws_mib, bwd_ws_mib;
+  double saving_fwd_ms, recompute_ms, saved_mib;
 };
 
 // Forward FLOPs: input projections (4Ch + C outputs), triangle product, output projection.
@@ -88,10 +89,14 @@ TrimulResult bench_trimul(int N, int C, int Ch, bool outgoing, int iters) {
   const double pairs = double(N) * N;
   const double flops = 2 * pairs * C * (4.0 * Ch + C) + 2 * pairs * N * Ch + 2 * pairs * Ch * C;
   const double fwd = median_ms([&] { p.forward(); }, 3, iters);
-  const double both = median_ms([&] { p.forward(); p.backward(); }, 3, iters);
+  // Training: the forward saves what the backward needs; the backward reads it.
+  const double both = median_ms([&] { p.forward_saving(); p.backward(); }, 3, iters);
+  const double saving = median_ms([&] { p.forward_saving(); }, 3, iters);
+  const double recompute = median_ms([&] { p.forward(); p.backward_recompute(); }, 3, iters);
   cuda_ok(cudaDeviceSynchronize(), "sync");
   return {N, C, Ch, outgoing, fwd, both, flops / (fwd * 1e-3) / 1e12,
-          3 * flops / (both * 1e-3) / 1e12, p.fwd_bytes / 1048576.0, p.bwd_bytes / 1048576.0};
+          3 * flops / (both * 1e-3) / 1e12, p.fwd_saving_bytes / 1048576.0, p.bwd_saved_bytes / 1048576.0,
+          saving, recompute, p.saved_bytes / 1048576.0};
 }
 
 int bench_trimul_cmd(const Args& args) {
@@ -112,19 +117,23 @@ int bench_trimul_cmd(const Args& args) {
     for (size_t i = 0; i < rs.size(); ++i) {
       const auto& r = rs[i];
       std::printf("  {\"N\": %d, \"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
-                  "\"fwd_bwd_tflops\": %.1f, \"fwd_workspace_mib\": %.1f, \"bwd_workspace_mib\": %.1f}%s\n",
+                  "\"fwd_bwd_tflops\": %.1f, \"fwd_workspace_mib\": %.1f, \"bwd_workspace_mib\": %.1f, "
+                  "\"saved_mib\": %.1f, \"saving_fwd_ms\": %.4f, \"fwd_bwd_recompute_ms\": %.4f}%s\n",
                   r.N, r.fwd_ms, r.fwdbwd_ms, r.fwd_tflops, r.fwdbwd_tflops, r.fwd_ws_mib,
-                  r.bwd_ws_mib, i + 1 < rs.size() ? "," : "");
+                  r.bwd_ws_mib, r.saved_mib, r.saving_fwd_ms, r.recompute_ms, i + 1 < rs.size() ? "," : "");
     }
     std::puts("]}");
   } else {
     std::printf("triangle multiplicative update on %s, B=1 C=%d Ch=%d %s, bf16, 10%% pairs masked\n",
                 gpu_name().c_str(), C, Ch, outgoing ? "outgoing" : "incoming");
-    std::printf("%6s %10s %9s %12s %9s %12s %12s\n", "N", "fwd ms", "TFLOP/s", "fwd+bwd ms",
-                "TFLOP/s", "fwd ws MiB", "bwd ws MiB");
+    std::printf("fwd: inference; fwd+bwd: training (saving forward + backward from the saved set);\n"
+                "saving fwd: the training forward alone; recompute: forward + a backward that recomputes\n");
+    std::printf("%6s %10s %9s %12s %9s %11s %13s %10s %10s %10s\n", "N", "fwd ms", "TFLOP/s", "fwd+bwd ms",
+                "TFLOP/s", "saving fwd", "recompute ms", "saved MiB", "fwd ws MiB", "bwd ws MiB");
     for (const auto& r : rs)
-      std::printf("%6d %10.3f %9.1f %12.3f %9.1f %12.1f %12.1f\n", r.N, r.fwd_ms, r.fwd_tflops,
-                  r.fwdbwd_ms, r.fwdbwd_tflops, r.fwd_ws_mib, r.bwd_ws_mib);
+      std::printf("%6d %10.3f %9.1f %12.3f %9.1f %11.3f %13.3f %10.1f %10.1f %10.1f\n", r.N, r.fwd_ms,
+                  r.fwd_tflops, r.fwdbwd_ms, r.fwdbwd_tflops, r.saving_fwd_ms, r.recompute_ms,
+                  r.saved_mib, r.fwd_ws_mib, r.bwd_ws_mib);
   }
   return 0;
 }

@@ -15,6 +15,7 @@ namespace {
 struct TableRow {
   int N;
   double fwd_ms, fwdbwd_ms, fwd_mib, fwdbwd_mib;
+  double recompute_ms = 0, recompute_mib = 0;  // forward+backward without a saved set
   bool has_acc = false, deterministic = true;
   harness::ErrorTable err;
 };
@@ -24,11 +25,15 @@ TableRow measure(int N, int C, bool outgoing, int iters, bool accuracy) {
   {
     harness::DeviceTrimul p(1, N, C, C, outgoing, 7 + N);
     r.fwd_ms = median_ms([&] { p.forward(); }, 3, iters);
-    r.fwdbwd_ms = median_ms([&] { p.forward(); p.backward(); }, 3, iters);
-    // Device memory a call holds: its tensors and its workspace (weights are negligible).
+    r.fwdbwd_ms = median_ms([&] { p.forward_saving(); p.backward(); }, 3, iters);
+    r.recompute_ms = median_ms([&] { p.forward(); p.backward_recompute(); }, 3, iters);
+    // Device memory the calls hold: tensors and workspaces (weights are negligible); training
+    // holds the saved set from the forward through the backward.
     const double act = double(N) * N * C * 2;
     r.fwd_mib = (2 * act + N * double(N) + p.fwd_bytes) / 1048576.0;
-    r.fwdbwd_mib = (4 * act + N * double(N) + std::max(p.fwd_bytes, p.bwd_bytes)) / 1048576.0;
+    r.fwdbwd_mib = (4 * act + N * double(N) + p.saved_bytes +
+                    std::max(p.fwd_saving_bytes, p.bwd_saved_bytes)) / 1048576.0;
+    r.recompute_mib = (4 * act + N * double(N) + std::max(p.fwd_bytes, p.bwd_bytes)) / 1048576.0;
   }
   if (accuracy) {
     auto prob = test::TrimulProblem::random(1, N, C, C, 11 + N, DType::kBF16, DType::kBF16);
@@ -52,8 +57,9 @@ int cmd_trimul_table(const Args& args) {
                  "usage: tpf trimul-table [--n 384,768,1024,2048] [--c 128] [--ref-max-n 768]\n"
                  "                        [--direction outgoing|incoming] [--iters 20] [--out DIR]\n\n"
                  "Triangle multiplicative update, B=1, C=Ch, bf16 z and weights, every bias: median time\n"
-                 "of forward and forward+backward (CUDA events, 3 warm-up calls), the device memory a call\n"
-                 "holds (tensors + workspace), and for N <= --ref-max-n the relative RMSE of out, dz and\n"
+                 "of the forward (inference) and of forward+backward (training: the forward saves what the\n"
+                 "backward needs; also without saving, the backward recomputing), CUDA events, 3 warm-up\n"
+                 "calls; the device memory the calls hold (tensors + workspaces + saved set), and for N <= --ref-max-n the relative RMSE of out, dz and\n"
                  "every weight gradient against the FP64 CPU reference with its ratio to the bf16 floor,\n"
                  "plus bitwise determinism over 2 backward calls (the reference costs ~1 minute at N = 768\n"
                  "on 16 cores, several at 1024). Writes trimul.json and trimul.md into DIR."))
@@ -79,23 +85,25 @@ int cmd_trimul_table(const Args& args) {
   md << "# Triangle multiplicative update on " << gpu_name() << "\n\n"
      << "B=1, C = Ch = " << C << ", " << (outgoing ? "outgoing" : "incoming")
      << ", bf16 z and weights, every bias. Time: median of " << iters
-     << " CUDA-event-timed calls after 3 warm-ups. Memory: what a call holds on the device "
-        "(its tensors and workspace). Accuracy: relative RMSE against the FP64 CPU reference on "
+     << " CUDA-event-timed calls after 3 warm-ups. fwd: inference (nothing saved); fwd+bwd: "
+        "training (the forward saves what the backward needs, the backward reads it); recompute: "
+        "forward+backward without the saved set (the backward recomputes the forward). Memory: "
+        "what the calls hold on the device (tensors, workspaces, saved set). Accuracy: relative RMSE against the FP64 CPU reference on "
         "the same inputs, in parentheses its ratio to the bf16 floor (the exact answer rounded "
         "once to bf16); 'worst weight' is the largest ratio over the 12 weight gradients. "
         "Made by `tpf trimul-table`.\n\n"
-     << "| N | fwd ms | fwd MiB | fwd+bwd ms | fwd+bwd MiB | out | dz | worst weight grad | "
-        "deterministic |\n|---|---|---|---|---|---|---|---|---|\n";
+     << "| N | fwd ms | fwd MiB | fwd+bwd ms | fwd+bwd MiB | recompute ms | recompute MiB | out | dz | "
+        "worst weight grad | deterministic |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const TableRow& r = rows[i];
     char buf[256];
     std::snprintf(buf, sizeof(buf),
                   "    {\"N\": %d, \"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_mib\": %.1f, "
-                  "\"fwd_bwd_mib\": %.1f",
-                  r.N, r.fwd_ms, r.fwdbwd_ms, r.fwd_mib, r.fwdbwd_mib);
+                  "\"fwd_bwd_mib\": %.1f, \"fwd_bwd_recompute_ms\": %.4f, \"fwd_bwd_recompute_mib\": %.1f",
+                  r.N, r.fwd_ms, r.fwdbwd_ms, r.fwd_mib, r.fwdbwd_mib, r.recompute_ms, r.recompute_mib);
     js << buf;
-    std::snprintf(buf, sizeof(buf), "| %d | %.3f | %.0f | %.3f | %.0f |", r.N, r.fwd_ms, r.fwd_mib,
-                  r.fwdbwd_ms, r.fwdbwd_mib);
+    std::snprintf(buf, sizeof(buf), "| %d | %.3f | %.0f | %.3f | %.0f | %.3f | %.0f |", r.N, r.fwd_ms,
+                  r.fwd_mib, r.fwdbwd_ms, r.fwdbwd_mib, r.recompute_ms, r.recompute_mib);
     md << buf;
     if (r.has_acc) {
       js << ", \"deterministic\": " << (r.deterministic ? "true" : "false") << ", \"accuracy\": {";

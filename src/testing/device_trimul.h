@@ -2,6 +2,7 @@
 // weights, a bool pair mask, every bias present), with the parameter structs that point at it.
 // Used by `tpf bench --op trimul`; inputs are generated on the device.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -14,11 +15,11 @@ namespace tpf::harness {
 
 struct DeviceTrimul {
   int64_t B, N, C, Ch;
-  DeviceBuffer z, dout, out, dz, mask, fwd_ws, bwd_ws;
+  DeviceBuffer z, dout, out, dz, mask, fwd_ws, bwd_ws, saved;
   std::vector<DeviceBuffer> w, dw;
   TrimulForwardParams fwd;
   TrimulBackwardParams bwd;
-  size_t fwd_bytes = 0, bwd_bytes = 0;
+  size_t fwd_bytes = 0, bwd_bytes = 0, saved_bytes = 0, fwd_saving_bytes = 0, bwd_saved_bytes = 0;
 
   DeviceTrimul(int64_t B_, int64_t N_, int64_t C_, int64_t Ch_, bool outgoing, uint64_t seed)
       : B(B_), N(N_), C(C_), Ch(Ch_) {
@@ -58,14 +59,39 @@ struct DeviceTrimul {
     bwd.fwd = fwd;
     bwd.dout = contiguous_view(dout.get(), DType::kBF16, {B, N, N, C});
     bwd.dz = contiguous_view(dz.get(), DType::kBF16, {B, N, N, C});
+    // Workspace sizes of both paths: inference forward / backward that recomputes, and the
+    // training pair (saving forward, backward from the saved set).
     check(trimul_forward_workspace_size(fwd, &fwd_bytes));
     check(trimul_backward_workspace_size(bwd, &bwd_bytes));
-    fwd_ws = DeviceBuffer(fwd_bytes);
-    bwd_ws = DeviceBuffer(bwd_bytes);
+    check(trimul_saved_size(fwd, &saved_bytes));
+    TrimulForwardParams f = fwd;
+    f.saved = &f;  // any non-null pointer: the sizes only depend on its presence
+    check(trimul_forward_workspace_size(f, &fwd_saving_bytes));
+    TrimulBackwardParams b = bwd;
+    b.fwd.saved = &f;
+    check(trimul_backward_workspace_size(b, &bwd_saved_bytes));
+    fwd_ws = DeviceBuffer(std::max(fwd_bytes, fwd_saving_bytes));
+    bwd_ws = DeviceBuffer(std::max(bwd_bytes, bwd_saved_bytes));
   }
 
+  // Inference forward (keeps nothing).
   void forward() { check(trimul_forward(fwd, fwd_ws.get(), fwd_bytes, nullptr)); }
-  void backward() { check(trimul_backward(bwd, bwd_ws.get(), bwd_bytes, nullptr)); }
+  // Training pair: the forward writes the saved set (allocated on first use), the backward
+  // reads it.
+  void forward_saving() {
+    if (!saved.get()) saved = DeviceBuffer(saved_bytes);
+    TrimulForwardParams f = fwd;
+    f.saved = saved.get(), f.saved_bytes = saved_bytes;
+    check(trimul_forward(f, fwd_ws.get(), fwd_saving_bytes, nullptr));
+  }
+  void backward() {
+    if (!saved.get()) throw std::runtime_error("DeviceTrimul::backward: call forward_saving() first");
+    TrimulBackwardParams b = bwd;
+    b.fwd.saved = saved.get(), b.fwd.saved_bytes = saved_bytes;
+    check(trimul_backward(b, bwd_ws.get(), bwd_saved_bytes, nullptr));
+  }
+  // The backward that recomputes the forward (no saved set).
+  void backward_recompute() { check(trimul_backward(bwd, bwd_ws.get(), bwd_bytes, nullptr)); }
 
   static void check(const Status& s) {
     if (!s.ok()) throw std::runtime_error(s.message());

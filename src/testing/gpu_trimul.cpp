@@ -14,7 +14,7 @@ bool present(const TrimulProblem& p, int i) {
 
 }  // namespace
 
-GpuRunResult run_trimul_gpu(TrimulProblem& p, bool backward, int repeats) {
+GpuRunResult run_trimul_gpu(TrimulProblem& p, bool backward, int repeats, bool from_saved) {
   GpuRunResult r;
   auto z = to_device(p.z, false), mask = to_device(p.mask, false), dout = to_device(p.dout, false);
   std::vector<DeviceTensor> w;
@@ -31,12 +31,34 @@ GpuRunResult run_trimul_gpu(TrimulProblem& p, bool backward, int repeats) {
     if (present(p, i)) *fw[i] = w[i].view;
   f.out = out.view;
   size_t bytes = 0;
-  if (!(r.status = trimul_forward_workspace_size(f, &bytes)).ok()) return r;
-  {
-    DeviceBuffer ws(bytes);
-    cuda_ok(cudaMemset(ws.get(), 0xff, bytes), "cudaMemset");  // stale workspace must not matter
-    if (!(r.status = trimul_forward(f, ws.get(), bytes, nullptr)).ok()) return r;
+  DeviceBuffer saved;
+  if (backward && from_saved) {
+    if (!(r.status = trimul_saved_size(f, &f.saved_bytes)).ok()) return r;
+    saved = DeviceBuffer(f.saved_bytes);
+    cuda_ok(cudaMemset(saved.get(), 0xff, f.saved_bytes), "cudaMemset");  // the forward must fill it
+    f.saved = saved.get();
+  }
+  auto run_forward = [&](const TrimulForwardParams& fp) {
+    size_t ws_bytes = 0;
+    if (!(r.status = trimul_forward_workspace_size(fp, &ws_bytes)).ok()) return false;
+    DeviceBuffer ws(ws_bytes);
+    cuda_ok(cudaMemset(ws.get(), 0xff, ws_bytes), "cudaMemset");  // stale workspace must not matter
+    if (!(r.status = trimul_forward(fp, ws.get(), ws_bytes, nullptr)).ok()) return false;
     cuda_ok(cudaDeviceSynchronize(), "trimul forward");
+    return true;
+  };
+  if (!run_forward(f)) return r;
+  if (f.saved) {  // saving must not change the output: the inference forward's, bit for bit
+    const std::vector<uint8_t> with_save = bytes_of(out);
+    auto out2 = to_device(p.out, true);
+    TrimulForwardParams inference = f;
+    inference.saved = nullptr, inference.saved_bytes = 0, inference.out = out2.view;
+    if (!run_forward(inference)) return r;
+    if (bytes_of(out2) != with_save) {
+      r.status = Status(StatusCode::kInvalidArgument,
+                        "test harness: the saving forward's out differs from the inference forward's");
+      return r;
+    }
   }
   fetch(p.out, out);
   if (!backward) return r;

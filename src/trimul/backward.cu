@@ -1,5 +1,5 @@
-// Backward sequence (precision plan in kernels.h): recompute the forward up to LayerNorm_out, then the output
-// stage, LayerNorm_out backward, the two transposed triangle products, the input projection
+// Backward sequence (precision plan in kernels.h): the forward's saved set (or its recompute up
+// to LayerNorm_out when the caller kept none), then the output stage, LayerNorm_out backward, the two transposed triangle products, the input projection
 // backward and LayerNorm_in backward; weight gradients as split-K products summed in order.
 #include <cuda_bf16.h>
 
@@ -15,8 +15,8 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   const Dims& d = p.d;
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
-  const Operand dx = channel_matrices(ws.dx, d), a = channel_matrices(ws.a, d),
-                b = channel_matrices(ws.b, d);
+  const Operand dx = channel_matrices(ws.dx, d), a = channel_matrices(ws.a_bf, d),
+                b = channel_matrices(ws.b_bf, d);
   auto out = [&](float* ptr) { return StoreEpilogue<float>{ptr, d.Np, d.plane(), d.N, d.Np}; };
   cudaError_t e;
   if (p.outgoing) {
@@ -38,13 +38,14 @@ cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const v
 
 }  // namespace
 
-cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s) {
+cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, cudaStream_t s) {
   const Dims& d = p.d;
   const int64_t M = d.M(), P = d.proj_cols(), mt = (M + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  cudaError_t e = forward_through_product<T>(p, ws, true, s);
+  cudaError_t e = recompute ? forward_through_product<T>(p, ws, s)
+                            : prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s);
   if (e != cudaSuccess) return e;
   // Output stage: dy, the gate-logit gradient and their column sums.
-  const OutGradEpilogue<T> og{d, ws.bz, static_cast<const __half*>(ws.gate), p.dout, static_cast<T*>(ws.dy),
+  const OutGradEpilogue<T> og{d, ws.bz, static_cast<const __half*>(ws.logit), p.dout, static_cast<T*>(ws.dy),
                               static_cast<T*>(ws.dlin), ws.colsum_dy, ws.colsum_lin};
   if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch), weight_rows(ws.wz, d.C, d.Ch),
                                                 {M, static_cast<int>(d.C), d.Ch, 0}, 1, og, s)) != cudaSuccess)
@@ -55,6 +56,9 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s) 
   if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dy, d, 2 * d.C), Operand{ws.wz_raw, d.Ch, 0, 2 * d.C, d.Ch},
                                                  {M, static_cast<int>(d.Ch), 2 * d.C, 0}, 1, to_dxhat_out, s)) != cudaSuccess)
     return e;
+  // dWz from dy's high rows then low rows (each chunk's [2C][Ch] partial is two [C][Ch] parts):
+  // dy's last use, so db may take its region.
+  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
   if ((e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess) return e;
   if ((e = triangle_backward(p, ws, s)) != cudaSuccess) return e;
   // Input projections: recompute p, g; their gradients into dlin's a/b columns.
@@ -68,10 +72,8 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s) 
                                                  {M, static_cast<int>(d.C), P, 0}, 1, to_dxhat_in, s)) != cudaSuccess)
     return e;
   if ((e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
-  // Weight gradients.
+  // dW_in.
   if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, s)) != cudaSuccess) return e;
-  // dWz from dy's high rows then low rows: each chunk's [2C][Ch] partial is two [C][Ch] parts.
-  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_in, P * d.C, ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;

@@ -34,19 +34,20 @@ __device__ __forceinline__ void load8(float (&v)[8], const float* row, int grp) 
   v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
 }
 
-// Input projection, forward. Columns of the concatenated weight come in groups of 128: 64
-// projection rows then the 64 gate rows of the same channels (of [a | b], 2Ch channels), so one
-// tile holds both factors of a = sigmoid(g) * p * mask; after the 4Ch a/b columns come the C
-// output-gate columns. a and b go channel-major (the triangle product's operands), the output
-// gate pixel-major in fp16: sigmoid(logit) for the forward, the logit itself for the backward.
+// Input projection. Columns of the concatenated weight come in groups of 128: 64 projection
+// rows then the 64 gate rows of the same channels (of [a | b], 2Ch channels), so one tile holds
+// both factors of a = sigmoid(g) * p * mask; after the 4Ch a/b columns come the C output-gate
+// columns. a and b go channel-major (the triangle product's operands, T) and, where asked, as
+// bf16 copies (a saving forward keeps them for the backward's bf16 products); the output gate
+// pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the backward's).
 template <class T>
 struct ProjectEpilogue {
   Dims d;
   const float* bias;  // [4Ch + C], LayerNorm beta folded in
   MaskRef mask;
-  T *a, *b;           // channel-major
-  __half* gate;       // [M][C]
-  bool gate_logit;
+  T *a, *b;                       // channel-major
+  __nv_bfloat16 *a_bf, *b_bf;     // channel-major copies, optional
+  __half *gate, *logit;           // [M][C], each optional
   // a/b tiles are staged channel-major: their stores run along pixels.
   __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
 
@@ -67,7 +68,11 @@ struct ProjectEpilogue {
         float v[8];  // [channel]
         w.read(t, k, v);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = gate_logit ? v[e] + bs[w.col() + e] : sigmoid(v[e] + bs[w.col() + e]);
+        for (int e = 0; e < 8; ++e) v[e] += bs[w.col() + e];
+        if (logit) *reinterpret_cast<uint4*>(logit + m * d.C + c) = pack16<__half>(v);
+        if (!gate) continue;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = sigmoid(v[e]);
         *reinterpret_cast<uint4*>(gate + m * d.C + c) = pack16<__half>(v);
       }
     }
@@ -101,14 +106,13 @@ struct ProjectEpilogue {
       load8(p8, &t.at_cm(0, c), grp);
       load8(g8, &t.at_cm(0, 64 + c), grp);
       const float bp = bs[c], bg = bs[64 + c];
-      uint32_t packed[4];  // 8 x T
+      float v[8];  // [pixel] a or b
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        packed[i] = dev::MmaOp<T>::pack(sigmoid(g8[2 * i] + bg) * (p8[2 * i] + bp) * m8[2 * i],
-                                        sigmoid(g8[2 * i + 1] + bg) * (p8[2 * i + 1] + bp) * m8[2 * i + 1]);
+      for (int i = 0; i < 8; ++i) v[i] = sigmoid(g8[i] + bg) * (p8[i] + bp) * m8[i];
       const int ch = n0 / 2 + c;
-      T* dst = (ch < Ch ? a + ch * plane : b + (ch - Ch) * plane) + base;
-      *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + base;
+      *reinterpret_cast<uint4*>((ch < Ch ? a : b) + off) = pack16<T>(v);
+      if (a_bf) *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) = pack16<__nv_bfloat16>(v);
     }
   }
 
@@ -125,10 +129,17 @@ struct ProjectEpilogue {
     for (int c = threadIdx.x / Cfg::kBlockM; c < 64; c += Cfg::kThreads / Cfg::kBlockM) {
       const float p = t.at_cm(r, c) + bs[c], g = t.at_cm(r, 64 + c) + bs[64 + c];
       const int ch = n0 / 2 + c;
-      T* dst = (ch < Ch ? a + ch * plane : b + (ch - Ch) * plane) + base;
-      dst[0] = to16<T>(sigmoid(g) * p * mk);
+      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + base;
+      const float v = sigmoid(g) * p * mk;
+      T* dst = (ch < Ch ? a : b) + off;
+      __nv_bfloat16* copy = a_bf ? (ch < Ch ? a_bf : b_bf) + off : nullptr;
+      dst[0] = to16<T>(v);
+      if (copy) copy[0] = to16<__nv_bfloat16>(v);
       if (row_end)
-        for (int j = 1; j <= pads; ++j) dst[j] = to16<T>(0.f);
+        for (int j = 1; j <= pads; ++j) {
+          dst[j] = to16<T>(0.f);
+          if (copy) copy[j] = to16<__nv_bfloat16>(0.f);
+        }
     }
   }
 };

@@ -67,5 +67,6 @@ namespace tpf::trimul {
 struct Workspace;
 // The stage sequences (forward.cu, backward.cu).
 cudaError_t run_forward(const Problem& p, const Workspace& ws, cudaStream_t s);
-cudaError_t run_backward(const Problem& p, const Workspace& ws, cudaStream_t s);
+// recompute: the workspace holds no saved set from the forward; the backward builds it.
+cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, cudaStream_t s);
 }  // namespace tpf::trimul

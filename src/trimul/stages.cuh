@@ -1,6 +1,8 @@
 // GEMM stages shared by the forward and backward sequences: the input projection and the
 // triangle product (forward direction), each for either 16-bit operand type.
 #pragma once
+#include <type_traits>
+
 #include "trimul/epilogues.cuh"
 #include "trimul/kernels.h"
 #include "trimul/workspace.h"
@@ -18,12 +20,24 @@ inline Operand weight_rows(const void* ptr, int64_t rows, int64_t cols) {
   return {ptr, cols, 0, rows, cols};
 }
 
-// zhat [M][C] x wcat (fp16) -> a, b (channel-major, TAB) and the output gate.
+// The triangle product's operands: fp16 in the forward, bf16 in the backward's recompute.
 template <class TAB>
-cudaError_t project(const Problem& p, const Workspace& ws, bool gate_logit, cudaStream_t s) {
+TAB* operand(const Workspace& ws, bool second) {
+  if constexpr (std::is_same_v<TAB, __half>) return static_cast<TAB*>(second ? ws.b : ws.a);
+  else return static_cast<TAB*>(second ? ws.b_bf : ws.a_bf);
+}
+
+// zhat [M][C] x wcat (fp16) -> a, b (channel-major, TAB), the output gate (forward) and what
+// the backward keeps: the gate logit and bf16 copies of a, b (where the workspace has them).
+template <class TAB>
+cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
   const Dims& d = p.d;
-  ProjectEpilogue<TAB> epi{d, ws.bcat, p.mask, static_cast<TAB*>(ws.a), static_cast<TAB*>(ws.b),
-                           static_cast<__half*>(ws.gate), gate_logit};
+  constexpr bool kForward = std::is_same_v<TAB, __half>;
+  ProjectEpilogue<TAB> epi{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true),
+                           static_cast<__nv_bfloat16*>(kForward ? ws.a_bf : nullptr),
+                           static_cast<__nv_bfloat16*>(kForward ? ws.b_bf : nullptr),
+                           static_cast<__half*>(kForward ? ws.gate : nullptr),
+                           static_cast<__half*>(ws.logit)};
   return launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
                                                    weight_rows(ws.wcat, d.proj_cols(), d.C),
                                                    {d.M(), static_cast<int>(d.proj_cols()), d.C, 0},
@@ -38,20 +52,20 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
   const StoreEpilogue<__nv_bfloat16> epi{static_cast<__nv_bfloat16*>(ws.x), d.Np, d.plane(), d.N, d.Np};
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
-  const Operand A = channel_matrices(ws.a, d), B = channel_matrices(ws.b, d);
+  const Operand A = channel_matrices(operand<T>(ws, false), d), B = channel_matrices(operand<T>(ws, true), d);
   return p.outgoing ? launch_gemm<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
                     : launch_gemm<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
 }
 
 // Folded weights, LayerNorm_in, projections, triangle product and LayerNorm_out: everything up
-// to xhat_out. The backward (TAB = bf16) also keeps statistics, bf16 copies and raw weights.
+// to xhat_out. Statistics, bf16 copies and raw weights are written where the workspace has them
+// (a saving forward, the backward's recompute).
 template <class TAB>
-cudaError_t forward_through_product(const Problem& p, const Workspace& ws, bool backward,
-                                    cudaStream_t s) {
+cudaError_t forward_through_product(const Problem& p, const Workspace& ws, cudaStream_t s) {
   cudaError_t e;
   if ((e = prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s)) != cudaSuccess) return e;
   if ((e = ln_rows_forward(p, ws.xhat_in, ws.xhat_in_bf, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
-  if ((e = project<TAB>(p, ws, backward, s)) != cudaSuccess) return e;
+  if ((e = project<TAB>(p, ws, s)) != cudaSuccess) return e;
   if ((e = triangle_product<TAB>(p, ws, s)) != cudaSuccess) return e;
   return ln_channel_major_forward(p, ws.x, ws.xhat_out, ws.xhat_out_bf, ws.mean_out, ws.rstd_out, s);
 }

@@ -14,9 +14,10 @@ using trimul::Dims;
 
 constexpr uintptr_t kAlign = 256;
 
+Dims dims(int64_t B, int64_t N, int64_t C, int64_t Ch) { return {B, N, (N + 7) / 8 * 8, C, Ch}; }
+
 Dims dims_of(const TrimulForwardParams& p) {
-  const int64_t N = p.z.shape[1];
-  return {p.z.shape[0], N, (N + 7) / 8 * 8, p.z.shape[3], p.w.p_in_weight.shape[0] / 2};
+  return dims(p.z.shape[0], p.z.shape[1], p.z.shape[3], p.w.p_in_weight.shape[0] / 2);
 }
 
 trimul::PairRef pair_ref(const TensorView& t) {
@@ -68,6 +69,18 @@ Status check_workspace(const char* op, const char* query, size_t need, void* ws,
   return Status::Ok();
 }
 
+Status check_saved(const char* op, const TrimulForwardParams& f, size_t need) {
+  if (f.saved == nullptr) return Status::Ok();
+  if (f.saved_bytes < need)
+    return Status(StatusCode::kInvalidArgument, std::string("tpf.") + op + ": argument 'saved': needs " +
+                                                    std::to_string(need) + " bytes (trimul_saved_size), got " +
+                                                    std::to_string(f.saved_bytes));
+  if (reinterpret_cast<uintptr_t>(f.saved) % kAlign != 0)
+    return Status(StatusCode::kInvalidArgument,
+                  std::string("tpf.") + op + ": argument 'saved': must be 256-byte aligned");
+  return Status::Ok();
+}
+
 Status check_pointers(const char* op, cudaStream_t stream, const TrimulForwardParams& f,
                       const TensorView& out, const TensorView& dout, void* ws) {
   return detail::check_device_pointers(
@@ -76,21 +89,33 @@ Status check_pointers(const char* op, cudaStream_t stream, const TrimulForwardPa
        {"p_in_weight", f.w.p_in_weight.data}, {"g_in_weight", f.w.g_in_weight.data},
        {"norm_out_weight", f.w.norm_out_weight.data}, {"p_out_weight", f.w.p_out_weight.data},
        {"g_out_weight", f.w.g_out_weight.data}, {"out", out.data}, {"dout", dout.data},
-       {"workspace", ws}});
+       {"workspace", ws}, {"saved", f.saved}});
 }
 
 }  // namespace
 
 Status trimul_forward_workspace_size(const TrimulForwardParams& p, size_t* bytes) {
   TPF_RETURN_IF_ERROR(validate_trimul_forward(p, /*for_gpu=*/true));
-  *bytes = trimul::plan_workspace(dims_of(p), false, nullptr).bytes;
+  // A workspace planned for a saving forward is smaller: the saved set lives in `saved`.
+  *bytes = trimul::plan_forward(dims_of(p), nullptr, p.saved != nullptr, nullptr).bytes;
   return Status::Ok();
 }
 
 Status trimul_backward_workspace_size(const TrimulBackwardParams& p, size_t* bytes) {
   TPF_RETURN_IF_ERROR(validate_trimul_backward(p, /*for_gpu=*/true));
-  *bytes = trimul::plan_workspace(dims_of(p.fwd), true, nullptr).bytes;
+  *bytes = trimul::plan_backward(dims_of(p.fwd), nullptr, p.fwd.saved != nullptr, nullptr).bytes;
   return Status::Ok();
+}
+
+Status trimul_saved_size(const TrimulForwardParams& p, size_t* bytes) {
+  TPF_RETURN_IF_ERROR(validate_trimul_forward(p, /*for_gpu=*/true));
+  *bytes = trimul::saved_size(dims_of(p));
+  return Status::Ok();
+}
+
+size_t trimul_saved_bytes(int64_t B, int64_t N, int64_t C, int64_t Ch) {
+  if (B < 1 || N < 1 || C < 1 || Ch < 1) return 0;
+  return trimul::saved_size(dims(B, N, C, Ch));
 }
 
 Status trimul_forward(const TrimulForwardParams& p, void* workspace, size_t workspace_bytes,
@@ -99,9 +124,10 @@ Status trimul_forward(const TrimulForwardParams& p, void* workspace, size_t work
   TPF_RETURN_IF_ERROR(validate_trimul_forward(p, /*for_gpu=*/true));
   const Dims d = dims_of(p);
   TPF_RETURN_IF_ERROR(check_grid(kOp, d));
-  const trimul::Workspace ws = trimul::plan_workspace(d, false, workspace);
+  const trimul::Workspace ws = trimul::plan_forward(d, workspace, p.saved != nullptr, p.saved);
   TPF_RETURN_IF_ERROR(check_workspace(kOp, "trimul_forward_workspace_size", ws.bytes, workspace,
                                       workspace_bytes));
+  TPF_RETURN_IF_ERROR(check_saved(kOp, p, trimul::saved_size(d)));
   TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p, p.out, TensorView{}, workspace));
   return detail::cuda_status(kOp, trimul::run_forward(problem_of(p), ws, stream));
 }
@@ -112,15 +138,16 @@ Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t wo
   TPF_RETURN_IF_ERROR(validate_trimul_backward(p, /*for_gpu=*/true));
   const Dims d = dims_of(p.fwd);
   TPF_RETURN_IF_ERROR(check_grid(kOp, d));
-  const trimul::Workspace ws = trimul::plan_workspace(d, true, workspace);
+  const trimul::Workspace ws = trimul::plan_backward(d, workspace, p.fwd.saved != nullptr, p.fwd.saved);
   TPF_RETURN_IF_ERROR(check_workspace(kOp, "trimul_backward_workspace_size", ws.bytes, workspace,
                                       workspace_bytes));
+  TPF_RETURN_IF_ERROR(check_saved(kOp, p.fwd, trimul::saved_size(d)));
   TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p.fwd, p.dz, p.dout, workspace));
   trimul::Problem pr = problem_of(p.fwd);
   pr.dout = pair_ref(p.dout);
   pr.dz = pair_ref(p.dz);
   pr.dw = weight_set(p.dw);
-  return detail::cuda_status(kOp, trimul::run_backward(pr, ws, stream));
+  return detail::cuda_status(kOp, trimul::run_backward(pr, ws, p.fwd.saved == nullptr, stream));
 }
 
 }  // namespace tpf

@@ -24,19 +24,34 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
   return {chunk, (M + chunk - 1) / chunk};
 }
 
+// Bytes between buffers that no kernel writes (alignment padding).
+struct Gap {
+  void* ptr;
+  size_t bytes;
+};
+constexpr int kMaxSavedGaps = 16;
+
 struct Workspace {
   // Both passes (types: the precision plan in kernels.h).
   void *wcat = nullptr, *wz = nullptr;          // fp16 folded weights [4Ch + C][C], [C][Ch]
   float *bcat = nullptr, *bz = nullptr;         // folded biases
+  void *a = nullptr, *b = nullptr;              // fp16 channel-major: the forward's product operands
+  void* gate = nullptr;                         // fp16 [M][C] sigmoid of the gate (forward)
+  // The saved set: what the backward needs from the forward. The backward reads it from the
+  // caller's `saved` buffer (written by a forward that saved) or recomputes it into its own
+  // workspace; the forward writes it only when asked to save (else only xhat_in, x, xhat_out,
+  // with xhat_out aliasing xhat_in).
   void* xhat_in = nullptr;                      // fp16 [M][C]  LayerNorm_in(z) without affine
-  void *a = nullptr, *b = nullptr;              // channel-major, fp16 forward / bf16 backward
-  void* gate = nullptr;                         // fp16 [M][C]  sigmoid / logit of the gate
-  void* x = nullptr;                            // channel-major, bf16
-  void* xhat_out = nullptr;                     // fp16 [M][Ch] (forward: aliases xhat_in)
+  void* xhat_in_bf = nullptr;                   // bf16 copy (weight-gradient operand)
+  float *mean_in = nullptr, *rstd_in = nullptr; // [M]
+  void *a_bf = nullptr, *b_bf = nullptr;        // bf16 channel-major: the backward's product operands
+  void* logit = nullptr;                        // fp16 [M][C]  gate logit
+  void* x = nullptr;                            // bf16 channel-major: the triangle product
+  void* xhat_out = nullptr;                     // fp16 [M][Ch]
+  void* xhat_out_bf = nullptr;                  // bf16 copy (weight-gradient operand)
+  float *mean_out = nullptr, *rstd_out = nullptr;  // [M]
   // Backward only.
   void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights (wz_raw twice: [2C][Ch])
-  void *xhat_in_bf = nullptr, *xhat_out_bf = nullptr;  // bf16 copies (weight-gradient operands)
-  float *mean_in = nullptr, *rstd_in = nullptr, *mean_out = nullptr, *rstd_out = nullptr;  // [M]
   void* dy = nullptr;                           // [M][2C] bf16: dy's high parts, then its low parts
   void* dlin = nullptr;                         // [M][4Ch + C]
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
@@ -46,76 +61,136 @@ struct Workspace {
   float *part_in = nullptr, *part_out = nullptr;      // weight-gradient partials
   float *g_in = nullptr, *g_out = nullptr, *s_in = nullptr, *s_out = nullptr;
   WgradSplit split_in{}, split_out{};
-  size_t bytes = 0;
+  size_t bytes = 0;        // of the workspace
+  size_t saved_bytes = 0;  // of the saved set
+  int saved_gaps = 0;      // a saving forward's padding in the saved set (zeroed by the forward)
+  Gap saved_gap[kMaxSavedGaps] = {};
 };
 
-inline Workspace plan_workspace(const Dims& d, bool backward, void* base) {
-  Workspace w;
-  auto* p = static_cast<uint8_t*>(base);
-  size_t off = 0;
-  auto take = [&](int64_t elems, int64_t esize) -> void* {
-    off = (off + 255) / 256 * 256;
-    void* r = p ? p + off : nullptr;
-    off += static_cast<size_t>(elems * esize);
+// Bump allocation of 256-byte aligned buffers from `base` (sizing only when base == nullptr).
+// Records the alignment gaps it leaves (up to kMaxSavedGaps; used for the saved set, a tensor
+// the caller sees: its gaps are zeroed so that it is bitwise deterministic too).
+class Arena {
+ public:
+  explicit Arena(void* base) : p_(static_cast<uint8_t*>(base)) {}
+  void* take(int64_t elems, int64_t esize) {
+    align();
+    void* r = p_ ? p_ + off_ : nullptr;
+    off_ += static_cast<size_t>(elems * esize);
     return r;
-  };
-  const int64_t M = d.M(), P = d.proj_cols(), mt = (M + GemmConfig::kBlockM - 1) / GemmConfig::kBlockM;
-  w.wcat = take(P * d.C, 2);
-  w.bcat = static_cast<float*>(take(P, 4));
-  w.wz = take(d.C * d.Ch, 2);
-  w.bz = static_cast<float*>(take(d.C, 4));
-  if (!backward) {
-    w.xhat_in = take(M * std::max(d.C, d.Ch), 2);
+  }
+  float* take_f32(int64_t elems) { return static_cast<float*>(take(elems, 4)); }
+  // Ends on a 256-byte boundary (the padding becomes a gap).
+  void align() {
+    const size_t next = (off_ + 255) / 256 * 256;
+    if (next > off_ && p_ && gaps_ < kMaxSavedGaps) gap_[gaps_++] = {p_ + off_, next - off_};
+    off_ = next;
+  }
+  size_t bytes() const { return (off_ + 255) / 256 * 256; }
+  int gaps() const { return gaps_; }
+  const Gap& gap(int i) const { return gap_[i]; }
+
+ private:
+  uint8_t* p_;
+  size_t off_ = 0;
+  Gap gap_[kMaxSavedGaps] = {};
+  int gaps_ = 0;
+};
+
+// The saved set's layout (one function for the size query, the forward and the backward).
+inline size_t plan_saved(const Dims& d, Arena& a, Workspace& w) {
+  const int64_t M = d.M();
+  const size_t start = a.bytes();
+  w.xhat_in = a.take(M * d.C, 2);
+  w.xhat_in_bf = a.take(M * d.C, 2);
+  w.mean_in = a.take_f32(M);
+  w.rstd_in = a.take_f32(M);
+  w.a_bf = a.take(d.cm_elems(), 2);
+  w.b_bf = a.take(d.cm_elems(), 2);
+  w.logit = a.take(M * d.C, 2);
+  w.x = a.take(d.cm_elems(), 2);
+  w.xhat_out = a.take(M * d.Ch, 2);
+  w.xhat_out_bf = a.take(M * d.Ch, 2);
+  w.mean_out = a.take_f32(M);
+  w.rstd_out = a.take_f32(M);
+  a.align();
+  return a.bytes() - start;
+}
+
+inline size_t saved_size(const Dims& d) {
+  Arena a(nullptr);
+  Workspace w;
+  return plan_saved(d, a, w);
+}
+
+// Forward workspace; with `save` the saved set goes to `saved` (nullptr when only sizing).
+inline Workspace plan_forward(const Dims& d, void* base, bool save, void* saved) {
+  Workspace w;
+  Arena a(base);
+  const int64_t M = d.M();
+  w.wcat = a.take(d.proj_cols() * d.C, 2);
+  w.bcat = a.take_f32(d.proj_cols());
+  w.wz = a.take(d.C * d.Ch, 2);
+  w.bz = a.take_f32(d.C);
+  w.a = a.take(d.cm_elems(), 2);
+  w.b = a.take(d.cm_elems(), 2);
+  w.gate = a.take(M * d.C, 2);
+  if (save) {
+    Arena sa(saved);
+    w.saved_bytes = plan_saved(d, sa, w);
+    w.saved_gaps = sa.gaps();
+    for (int i = 0; i < sa.gaps(); ++i) w.saved_gap[i] = sa.gap(i);
+  } else {
+    w.xhat_in = a.take(M * std::max(d.C, d.Ch), 2);
     w.xhat_out = w.xhat_in;  // xhat_in is dead once a, b and the gate exist
-    w.a = take(d.cm_elems(), 2);
-    w.b = take(d.cm_elems(), 2);
-    w.gate = take(M * d.C, 2);
-    w.x = take(d.cm_elems(), 2);
-    w.bytes = off;
-    return w;
+    w.x = a.take(d.cm_elems(), 2);
   }
-  w.xhat_in = take(M * d.C, 2);
-  w.a = take(d.cm_elems(), 2);
-  w.b = take(d.cm_elems(), 2);
-  // Two regions hold buffers whose lives end before da and db begin (backward.cu's order):
-  // the gate and xhat_out die in the output stage, x and d xhat_out in LayerNorm_out's
-  // backward; da and db (fp32, written by the transposed products) then reuse the regions,
-  // and d xhat_in reuses the second one's tail once db is consumed.
-  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t cm4 = d.cm_elems() * 4, gate_bytes = aligned(M * d.C * 2),
-                x_bytes = aligned(d.cm_elems() * 2);
-  auto* r1 = static_cast<uint8_t*>(take(std::max(gate_bytes + M * d.Ch * 2, cm4), 1));
-  auto* r2 = static_cast<uint8_t*>(take(std::max(x_bytes + M * std::max(d.C, d.Ch) * 4, cm4), 1));
-  if (p) {
-    w.gate = r1;
-    w.xhat_out = r1 + gate_bytes;
-    w.da = reinterpret_cast<float*>(r1);
-    w.x = r2;
-    w.dxhat = reinterpret_cast<float*>(r2 + x_bytes);
-    w.db = reinterpret_cast<float*>(r2);
+  w.bytes = a.bytes();
+  return w;
+}
+
+// Backward workspace; with `from_saved` the saved set is read from `saved` (nullptr when only
+// sizing), else recomputed into the workspace.
+inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void* saved) {
+  Workspace w;
+  Arena a(base);
+  const int64_t M = d.M(), P = d.proj_cols(), mt = (M + GemmConfig::kBlockM - 1) / GemmConfig::kBlockM;
+  w.wcat = a.take(P * d.C, 2);
+  w.bcat = a.take_f32(P);
+  w.wz = a.take(d.C * d.Ch, 2);
+  w.bz = a.take_f32(d.C);
+  w.wcat_raw = a.take(P * d.C, 2);
+  w.wz_raw = a.take(2 * d.C * d.Ch, 2);
+  if (from_saved) {
+    Arena sa(saved);
+    w.saved_bytes = plan_saved(d, sa, w);
+  } else {
+    w.saved_bytes = plan_saved(d, a, w);
   }
-  w.wcat_raw = take(P * d.C, 2);
-  w.wz_raw = take(2 * d.C * d.Ch, 2);
-  w.xhat_in_bf = take(M * d.C, 2);
-  w.xhat_out_bf = take(M * d.Ch, 2);
-  w.mean_in = static_cast<float*>(take(M, 4));
-  w.rstd_in = static_cast<float*>(take(M, 4));
-  w.mean_out = static_cast<float*>(take(M, 4));
-  w.rstd_out = static_cast<float*>(take(M, 4));
-  w.dy = take(M * 2 * d.C, 2);
-  w.dlin = take(M * P, 2);
-  w.dx = take(d.cm_elems(), 2);
-  w.colsum_dy = static_cast<float*>(take(mt * d.C, 4));
-  w.colsum_lin = static_cast<float*>(take(mt * P, 4));
+  // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
+  // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
+  // write da, and d xhat_in is written after the projection backward consumed da; dy's last
+  // reader (dWz) runs before db is written.
+  const int64_t cm4 = d.cm_elems() * 4;
+  void* r1 = a.take(std::max(M * std::max(d.C, d.Ch) * 4, cm4), 1);
+  void* r2 = a.take(std::max(M * 2 * d.C * 2, cm4), 1);
+  w.dxhat = static_cast<float*>(r1);
+  w.da = static_cast<float*>(r1);
+  w.dy = r2;
+  w.db = static_cast<float*>(r2);
+  w.dlin = a.take(M * P, 2);
+  w.dx = a.take(d.cm_elems(), 2);
+  w.colsum_dy = a.take_f32(mt * d.C);
+  w.colsum_lin = a.take_f32(mt * P);
   w.split_in = wgrad_split(M, P, d.C);
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
-  w.part_in = static_cast<float*>(take(w.split_in.parts * P * d.C, 4));
-  w.part_out = static_cast<float*>(take(w.split_out.parts * 2 * d.C * d.Ch, 4));
-  w.g_in = static_cast<float*>(take(P * d.C, 4));
-  w.g_out = static_cast<float*>(take(d.C * d.Ch, 4));
-  w.s_in = static_cast<float*>(take(P, 4));
-  w.s_out = static_cast<float*>(take(d.C, 4));
-  w.bytes = off;
+  w.part_in = a.take_f32(w.split_in.parts * P * d.C);
+  w.part_out = a.take_f32(w.split_out.parts * 2 * d.C * d.Ch);
+  w.g_in = a.take_f32(P * d.C);
+  w.g_out = a.take_f32(d.C * d.Ch);
+  w.s_in = a.take_f32(P);
+  w.s_out = a.take_f32(d.C);
+  w.bytes = a.bytes();
   return w;
 }
 

@@ -20,6 +20,7 @@ struct TrimulCase {
   DType weights = DType::kBF16;
   bool strided = false;  // z and dout as [B, N, N, C] views of a j-major padded buffer
   int repeats = 2;
+  bool saved = true;  // the training path (forward keeps its saved set); false: backward recomputes
 };
 
 std::string case_name(const TrimulCase& c) {
@@ -30,6 +31,7 @@ std::string case_name(const TrimulCase& c) {
   if (!c.biases) n += "_nobias";
   n += c.weights == DType::kFP32 ? "_wfp32" : "_wbf16";
   if (c.strided) n += "_strided";
+  if (!c.saved) n += "_recompute";
   return n;
 }
 
@@ -60,7 +62,7 @@ TEST_P(GpuTrimul, MatchesFp64Reference) {
   ASSERT_TRUE(reference::trimul_forward(ref.fwd()).ok());
   ASSERT_TRUE(reference::trimul_backward(ref.bwd()).ok());
 
-  const auto run = harness::run_trimul_gpu(p, true, c.repeats);
+  const auto run = harness::run_trimul_gpu(p, true, c.repeats, c.saved);
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   EXPECT_TRUE(run.deterministic) << "gradients differ between repeated calls";
   const auto err = harness::trimul_errors(p, ref, true);
@@ -92,6 +94,11 @@ std::vector<TrimulCase> cases() {
   v.push_back({2, 40, 96, 96, false, false, false, DType::kFP32});
   v.push_back({1, 64, 128, 128, true, true, false, DType::kFP32, true});
   v.push_back({2, 17, 32, 64, false, true, true, DType::kBF16, true, 5});  // 5 calls
+  // the backward that recomputes the forward (no saved set)
+  for (bool out : {true, false}) v.push_back({1, 7, 64, 64, out, true, true, DType::kBF16, false, 2, false});
+  v.push_back({1, 333, 32, 32, false, true, true, DType::kBF16, true, 2, false});
+  v.push_back({2, 40, 96, 96, false, false, false, DType::kFP32, false, 2, false});
+  v.push_back({1, 33, 256, 32, true, true, true, DType::kBF16, false, 2, false});
   return v;
 }
 
@@ -168,8 +175,8 @@ std::vector<float> fetch_bf16(const void* dev, int64_t offset, int64_t count) {
 }
 
 // Issue 5: N = 3072 at C = 128 runs forward and backward without index overflow. The forward
-// is checked against an FP64 reference at sampled pixels; the backward for finite, bitwise
-// repeatable gradients.
+// is checked against an FP64 reference at sampled pixels; the backward (from the saved set, and
+// recomputing) for finite, bitwise repeatable gradients.
 TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (GPU tests need an sm_90a device)";
   constexpr int64_t N = 3072, C = 128;
@@ -190,7 +197,7 @@ TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
     harness::cuda_ok(cudaMemcpy(t.data, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice), "H2D");
     w[i] = v;
   }
-  p.forward();
+  p.forward_saving();  // the training path; its out equals the inference forward's (GpuTrimul)
   harness::cuda_ok(cudaDeviceSynchronize(), "forward");
   const int64_t samples[][2] = {{0, 0}, {1, 3071}, {1536, 17}, {3071, 3071}, {2047, 1024}, {3000, 5}};
   std::vector<double> got, want;
@@ -214,8 +221,9 @@ TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
   EXPECT_LE(err, harness::kTrimulOutFloorFactor * floor) << "rel RMSE " << err << " floor " << floor;
 
   std::vector<std::vector<float>> first;
-  for (int rep = 0; rep < 2; ++rep) {
-    p.backward();
+  for (int rep = 0; rep < 3; ++rep) {
+    if (rep < 2) p.backward();  // from the saved set, twice: repeatable
+    else p.backward_recompute();
     harness::cuda_ok(cudaDeviceSynchronize(), "backward");
     std::vector<std::vector<float>> now = {fetch_bf16(p.dz.get(), 0, N * N * C)};
     for (auto& g : p.dw) now.push_back(fetch_bf16(g.get(), 0, g.bytes() / 2));
@@ -223,8 +231,16 @@ TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
       for (const auto& v : now)
         for (float x : v) ASSERT_TRUE(std::isfinite(x)) << "non-finite gradient";
       first = std::move(now);
-    } else {
+    } else if (rep == 1) {
       EXPECT_TRUE(now == first) << "gradients differ between two backward calls";
+    } else {  // the recompute path: finite, and close to the saved path's (its operands are bf16)
+      double num = 0, den = 0;
+      for (size_t t = 0; t < now.size(); ++t)
+        for (size_t k = 0; k < now[t].size(); ++k) {
+          ASSERT_TRUE(std::isfinite(now[t][k])) << "non-finite gradient (recompute)";
+          if (t == 0) num += double(now[0][k] - first[0][k]) * (now[0][k] - first[0][k]), den += double(first[0][k]) * first[0][k];
+        }
+      EXPECT_LT(std::sqrt(num / den), 0.05) << "dz of the recompute path is far from the saved path's";
     }
   }
 }

@@ -14,36 +14,67 @@ struct Buf {
   std::string name;
   const void* ptr;
   int64_t bytes;
+  bool saved;  // a member of the saved set
 };
 
-std::vector<Buf> buffers(const Workspace& w, const Dims& d, bool backward) {
+enum class Plan { kForward, kForwardSaving, kBackwardRecompute, kBackwardFromSaved };
+bool is_backward(Plan p) { return p == Plan::kBackwardRecompute || p == Plan::kBackwardFromSaved; }
+bool external_saved(Plan p) { return p == Plan::kForwardSaving || p == Plan::kBackwardFromSaved; }
+
+std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
   const int64_t M = d.M(), P = d.proj_cols(), cm = d.cm_elems(), mt = (M + 127) / 128;
-  std::vector<Buf> b = {{"wcat", w.wcat, P * d.C * 2}, {"bcat", w.bcat, P * 4},
-                        {"wz", w.wz, d.C * d.Ch * 2},  {"bz", w.bz, d.C * 4},
-                        {"xhat_in", w.xhat_in, M * d.C * 2}, {"a", w.a, cm * 2},
-                        {"b", w.b, cm * 2},            {"gate", w.gate, M * d.C * 2},
-                        {"x", w.x, cm * 2},            {"xhat_out", w.xhat_out, M * d.Ch * 2}};
-  if (!backward) return b;
+  std::vector<Buf> b = {{"wcat", w.wcat, P * d.C * 2, false}, {"bcat", w.bcat, P * 4, false},
+                        {"wz", w.wz, d.C * d.Ch * 2, false},  {"bz", w.bz, d.C * 4, false}};
+  const std::vector<Buf> saved = {
+      {"xhat_in", w.xhat_in, M * d.C * 2, true},      {"xhat_in_bf", w.xhat_in_bf, M * d.C * 2, true},
+      {"mean_in", w.mean_in, M * 4, true},            {"rstd_in", w.rstd_in, M * 4, true},
+      {"a_bf", w.a_bf, cm * 2, true},                 {"b_bf", w.b_bf, cm * 2, true},
+      {"logit", w.logit, M * d.C * 2, true},          {"x", w.x, cm * 2, true},
+      {"xhat_out", w.xhat_out, M * d.Ch * 2, true},   {"xhat_out_bf", w.xhat_out_bf, M * d.Ch * 2, true},
+      {"mean_out", w.mean_out, M * 4, true},          {"rstd_out", w.rstd_out, M * 4, true}};
+  if (plan == Plan::kForward) {
+    const std::vector<Buf> more = {{"a", w.a, cm * 2, false}, {"b", w.b, cm * 2, false},
+                                   {"gate", w.gate, M * d.C * 2, false}, {"xhat_in", w.xhat_in, M * d.C * 2, false},
+                                   {"x", w.x, cm * 2, false}, {"xhat_out", w.xhat_out, M * d.Ch * 2, false}};
+    b.insert(b.end(), more.begin(), more.end());
+    return b;
+  }
+  b.insert(b.end(), saved.begin(), saved.end());
+  if (plan == Plan::kForwardSaving) {
+    const std::vector<Buf> more = {{"a", w.a, cm * 2, false}, {"b", w.b, cm * 2, false},
+                                   {"gate", w.gate, M * d.C * 2, false}};
+    b.insert(b.end(), more.begin(), more.end());
+    return b;
+  }
   const std::vector<Buf> more = {
-      {"wcat_raw", w.wcat_raw, P * d.C * 2}, {"wz_raw", w.wz_raw, 2 * d.C * d.Ch * 2},
-      {"xhat_in_bf", w.xhat_in_bf, M * d.C * 2}, {"xhat_out_bf", w.xhat_out_bf, M * d.Ch * 2},
-      {"mean_in", w.mean_in, M * 4}, {"rstd_in", w.rstd_in, M * 4}, {"mean_out", w.mean_out, M * 4},
-      {"rstd_out", w.rstd_out, M * 4}, {"dy", w.dy, M * 2 * d.C * 2}, {"dlin", w.dlin, M * P * 2},
-      {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4}, {"dx", w.dx, cm * 2}, {"da", w.da, cm * 4},
-      {"db", w.db, cm * 4}, {"colsum_dy", w.colsum_dy, mt * d.C * 4},
-      {"colsum_lin", w.colsum_lin, mt * P * 4},
-      {"part_in", w.part_in, w.split_in.parts * P * d.C * 4},
-      {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4}, {"g_in", w.g_in, P * d.C * 4},
-      {"g_out", w.g_out, d.C * d.Ch * 4}, {"s_in", w.s_in, P * 4}, {"s_out", w.s_out, d.C * 4}};
+      {"wcat_raw", w.wcat_raw, P * d.C * 2, false}, {"wz_raw", w.wz_raw, 2 * d.C * d.Ch * 2, false},
+      {"dy", w.dy, M * 2 * d.C * 2, false}, {"dlin", w.dlin, M * P * 2, false},
+      {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
+      {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
+      {"colsum_dy", w.colsum_dy, mt * d.C * 4, false}, {"colsum_lin", w.colsum_lin, mt * P * 4, false},
+      {"part_in", w.part_in, w.split_in.parts * P * d.C * 4, false},
+      {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4, false},
+      {"g_in", w.g_in, P * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
+      {"s_in", w.s_in, P * 4, false}, {"s_out", w.s_out, d.C * 4, false}};
   b.insert(b.end(), more.begin(), more.end());
   return b;
 }
 
-// The overlays backward.cu's stage order allows (workspace.h): da over the gate and xhat_out,
-// db over x and d xhat.
-bool may_share(const std::string& p, const std::string& q) {
+// The overlays the stage orders allow (workspace.h): the forward's xhat_out over xhat_in; the
+// backward's da over d xhat, db over dy.
+bool may_share(Plan plan, const std::string& p, const std::string& q) {
   auto pair = [&](const char* a, const char* b) { return (p == a && q == b) || (p == b && q == a); };
-  return pair("da", "gate") || pair("da", "xhat_out") || pair("db", "x") || pair("db", "dxhat");
+  if (plan == Plan::kForward) return pair("xhat_in", "xhat_out");
+  return is_backward(plan) && (pair("da", "dxhat") || pair("db", "dy"));
+}
+
+Workspace plan_of(Plan plan, const Dims& d, void* base, void* saved) {
+  switch (plan) {
+    case Plan::kForward: return plan_forward(d, base, false, nullptr);
+    case Plan::kForwardSaving: return plan_forward(d, base, true, saved);
+    case Plan::kBackwardRecompute: return plan_backward(d, base, false, nullptr);
+    default: return plan_backward(d, base, true, saved);
+  }
 }
 
 class TrimulWorkspace : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, int64_t>> {};
@@ -51,30 +82,49 @@ class TrimulWorkspace : public ::testing::TestWithParam<std::tuple<int64_t, int6
 TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
   const auto [B, N, C, Ch] = GetParam();
   const Dims d{B, N, (N + 7) / 8 * 8, C, Ch};
-  for (bool backward : {false, true}) {
-    const size_t bytes = plan_workspace(d, backward, nullptr).bytes;
-    auto* base = reinterpret_cast<uint8_t*>(uintptr_t{1} << 40);  // never dereferenced
-    const Workspace w = plan_workspace(d, backward, base);
-    EXPECT_EQ(w.bytes, bytes);
-    const auto bufs = buffers(w, d, backward);
+  const size_t saved_bytes = saved_size(d);
+  for (Plan plan : {Plan::kForward, Plan::kForwardSaving, Plan::kBackwardRecompute, Plan::kBackwardFromSaved}) {
+    const std::string mode = " (plan " + std::to_string(static_cast<int>(plan)) + ")";
+    const size_t bytes = plan_of(plan, d, nullptr, nullptr).bytes;
+    // never dereferenced; far apart so that a buffer in the wrong one shows
+    auto* base = reinterpret_cast<uint8_t*>(uintptr_t{1} << 40);
+    auto* sbase = reinterpret_cast<uint8_t*>(uintptr_t{1} << 44);
+    const Workspace w = plan_of(plan, d, base, sbase);
+    EXPECT_EQ(w.bytes, bytes) << mode;
+    const auto bufs = buffers(w, d, plan);
     for (const Buf& x : bufs) {
       const auto* p = static_cast<const uint8_t*>(x.ptr);
-      ASSERT_NE(p, nullptr) << x.name;
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u) << x.name;
-      EXPECT_GE(p, base) << x.name;
-      EXPECT_LE(p + x.bytes, base + bytes) << x.name << " ends past the workspace";
+      const bool outside = x.saved && external_saved(plan);
+      const uint8_t* lo = outside ? sbase : base;
+      const size_t size = outside ? saved_bytes : bytes;
+      ASSERT_NE(p, nullptr) << x.name << mode;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u) << x.name << mode;
+      EXPECT_GE(p, lo) << x.name << mode;
+      EXPECT_LE(p + x.bytes, lo + size) << x.name << " ends past its buffer" << mode;
     }
     for (size_t i = 0; i < bufs.size(); ++i)
       for (size_t j = i + 1; j < bufs.size(); ++j) {
-        if (bufs[i].ptr == bufs[j].ptr && !backward && bufs[i].name + bufs[j].name == "xhat_inxhat_out")
-          continue;  // forward: xhat_out reuses xhat_in (dead by then)
-        if (backward && may_share(bufs[i].name, bufs[j].name)) continue;
+        if (may_share(plan, bufs[i].name, bufs[j].name)) continue;
         const auto *a = static_cast<const uint8_t*>(bufs[i].ptr), *b = static_cast<const uint8_t*>(bufs[j].ptr);
         const bool disjoint = a + bufs[i].bytes <= b || b + bufs[j].bytes <= a;
-        EXPECT_TRUE(disjoint) << bufs[i].name << " overlaps " << bufs[j].name
-                              << (backward ? " (backward)" : " (forward)");
+        EXPECT_TRUE(disjoint) << bufs[i].name << " overlaps " << bufs[j].name << mode;
       }
-    if (backward) {  // the split-K chunks cover every pixel row once, in k-step multiples
+    if (plan == Plan::kForwardSaving) {  // buffers and zeroed gaps tile the saved set exactly
+      int64_t covered = 0;
+      for (const Buf& x : bufs) covered += x.saved ? x.bytes : 0;
+      for (int g = 0; g < w.saved_gaps; ++g) {
+        const auto* gp = static_cast<const uint8_t*>(w.saved_gap[g].ptr);
+        covered += static_cast<int64_t>(w.saved_gap[g].bytes);
+        for (const Buf& x : bufs) {
+          if (!x.saved) continue;
+          const auto* p = static_cast<const uint8_t*>(x.ptr);
+          EXPECT_TRUE(gp + w.saved_gap[g].bytes <= p || p + x.bytes <= gp) << "gap overlaps " << x.name;
+        }
+      }
+      EXPECT_EQ(covered, static_cast<int64_t>(saved_bytes)) << mode;
+      EXPECT_EQ(w.saved_bytes, saved_bytes);
+    }
+    if (is_backward(plan)) {  // the split-K chunks cover every pixel row once, in k-step multiples
       for (const WgradSplit& s : {w.split_in, w.split_out}) {
         EXPECT_EQ(s.chunk % GemmConfig::kBlockK, 0);
         EXPECT_GE(s.chunk * s.parts, d.M());
@@ -82,6 +132,14 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
       }
     }
   }
+}
+
+// Saving moves the saved set out of the workspaces: each shrinks.
+TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
+  const Dims d{1, 100, 104, 128, 128};
+  EXPECT_LT(plan_forward(d, nullptr, true, nullptr).bytes, plan_forward(d, nullptr, false, nullptr).bytes);
+  EXPECT_EQ(plan_backward(d, nullptr, true, nullptr).bytes + saved_size(d),
+            plan_backward(d, nullptr, false, nullptr).bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, TrimulWorkspace,

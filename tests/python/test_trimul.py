@@ -89,7 +89,7 @@ def test_opcheck_cpu():
                m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
                m.linear_g.weight, None]
     torch.library.opcheck(torch.ops.turbopairformer.trimul_fwd.default,
-                          (z.requires_grad_(True), mask, *weights, 0, 1e-5))
+                          (z.requires_grad_(True), mask, *weights, 0, 1e-5, True))
 
 
 def _rel(a, b):
@@ -140,7 +140,39 @@ def test_cuda_compile_autocast_and_bitwise_determinism():
 
 
 @requires_gpu
-def test_opcheck_cuda():
+def test_cuda_saved_and_recomputing_backward_agree_and_repeat():
+    """Training saves the forward's intermediates; the backward reads them (twice with
+    retain_graph: bitwise the same) and is close to the backward that recomputes the forward."""
+    torch.manual_seed(8)
+    m = tpf.TriangleMultiplicativeUpdate(64, 64).cuda().bfloat16()
+    z = torch.randn(1, 50, 50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mask = (torch.rand(1, 50, 50, device="cuda") < 0.8).bfloat16()
+    y = m(z, mask)
+    dout = torch.randn_like(y)
+    g1 = torch.autograd.grad(y, [z] + list(m.parameters()), dout, retain_graph=True)
+    g2 = torch.autograd.grad(y, [z] + list(m.parameters()), dout)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    with torch.no_grad():
+        y_inf = m(z, mask)  # inference keeps nothing; same output
+    assert torch.equal(y, y_inf)
+    # the op without a saved set: its backward recomputes the forward (bf16 operands)
+    cat = lambda a, b: torch.cat([a, b]).detach()  # noqa: E731
+    weights = [m.layer_norm_in.weight, m.layer_norm_in.bias,
+               cat(m.linear_a_p.weight, m.linear_b_p.weight), cat(m.linear_a_p.bias, m.linear_b_p.bias),
+               cat(m.linear_a_g.weight, m.linear_b_g.weight), cat(m.linear_a_g.bias, m.linear_b_g.bias),
+               m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
+               m.linear_g.weight, m.linear_g.bias]
+    zr = z.detach().clone().requires_grad_(True)
+    yr, saved = torch.ops.turbopairformer.trimul_fwd(zr, mask, *weights, 0, 1e-5, False)
+    assert saved.numel() == 0
+    assert torch.equal(yr, y)
+    (dz_r,) = torch.autograd.grad(yr, [zr], dout)
+    assert _rel(dz_r, g1[0]) < 0.02
+
+
+@requires_gpu
+@pytest.mark.parametrize("save", [True, False])
+def test_opcheck_cuda(save):
     m = tpf.TriangleMultiplicativeUpdate(32, 32).cuda().bfloat16()
     z = torch.randn(1, 9, 9, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weights = [m.layer_norm_in.weight, m.layer_norm_in.bias,
@@ -148,4 +180,4 @@ def test_opcheck_cuda():
                torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True), None,
                m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
                m.linear_g.weight, None]
-    torch.library.opcheck(torch.ops.turbopairformer.trimul_fwd.default, (z, None, *weights, 1, 1e-5))
+    torch.library.opcheck(torch.ops.turbopairformer.trimul_fwd.default, (z, None, *weights, 1, 1e-5, save))
