@@ -13,7 +13,7 @@ grep -E "FAILED|error/floor" "$OUT/gtest_trimul.txt" | head -4
 if [ "${SAN:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool "$BIN/tpf_gpu_tests" \
-      --gtest_filter='*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*:*GpuTrimul*B1_N64_C128*' > "$OUT/san_$tool.txt" 2>&1
+      --gtest_filter='*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*:*GpuTrimul*B1_N64_C128*:*GpuTrimul*B2_N40*' > "$OUT/san_$tool.txt" 2>&1
     echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/san_$tool.txt" | tr '\n' ' ')"
   done
 fi

@@ -3,6 +3,7 @@
 // backward and LayerNorm_in backward; weight gradients as split-K products summed in order.
 #include <cuda_bf16.h>
 
+#include "trimul/norm_epilogue.cuh"
 #include "trimul/stages.cuh"
 
 namespace tpf::trimul {
@@ -36,6 +37,11 @@ cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const v
                                                 static_cast<int>(split.parts), epi, s);
 }
 
+// The LayerNorm backward runs in the d xhat product's epilogue when one tile holds whole rows;
+// the channel-major one also needs 8-pixel groups that stay inside a matrix row.
+bool fused_norm_in(const Dims& d) { return d.C <= Cfg::kBlockN; }
+bool fused_norm_out(const Dims& d) { return d.Ch <= Cfg::kBlockN && d.N % 8 == 0; }
+
 }  // namespace
 
 cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, cudaStream_t s) {
@@ -51,27 +57,41 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
                                                 {M, static_cast<int>(d.C), d.Ch, 0}, 1, og, s)) != cudaSuccess)
     return e;
   // d xhat_out = (dy Wz) * gamma_out (Wz [C][Ch] read N-major; K = 2C: dy's high and low parts
-  // against Wz twice), then LayerNorm_out backward.
-  const StoreEpilogue<float> to_dxhat_out{ws.dxhat, d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
-  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dy, d, 2 * d.C), Operand{ws.wz_raw, d.Ch, 0, 2 * d.C, d.Ch},
-                                                 {M, static_cast<int>(d.Ch), 2 * d.C, 0}, 1, to_dxhat_out, s)) != cudaSuccess)
-    return e;
+  // against Wz twice), then LayerNorm_out backward into dx: in the product's epilogue where a
+  // tile holds whole rows (norm_epilogue.cuh), else by a row kernel.
+  const Operand dy_rows = pixel_rows(ws.dy, d, 2 * d.C), wz_n = Operand{ws.wz_raw, d.Ch, 0, 2 * d.C, d.Ch};
+  const GemmShape dxhat_out_shape{M, static_cast<int>(d.Ch), 2 * d.C, 0};
+  if (fused_norm_out(d)) {
+    const NormChannelMajorBackwardEpilogue fused{d, p.w.w[kNormOutW], ws.mean_out, ws.rstd_out,
+                                                 static_cast<const T*>(ws.x), static_cast<T*>(ws.dx)};
+    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dy_rows, wz_n, dxhat_out_shape, 1, fused, s)) != cudaSuccess) return e;
+  } else {
+    const StoreEpilogue<float> to_dxhat_out{ws.dxhat, d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
+    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dy_rows, wz_n, dxhat_out_shape, 1, to_dxhat_out, s)) != cudaSuccess ||
+        (e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess)
+      return e;
+  }
   // dWz from dy's high rows then low rows (each chunk's [2C][Ch] partial is two [C][Ch] parts):
   // dy's last use, so db may take its region.
   if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
-  if ((e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess) return e;
   if ((e = triangle_backward(p, ws, s)) != cudaSuccess) return e;
   // Input projections: recompute p, g; their gradients into dlin's a/b columns.
   const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin};
   if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
                                                 {M, static_cast<int>(4 * d.Ch), d.C, 0}, 1, pb, s)) != cudaSuccess)
     return e;
-  // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz.
-  const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
-  if ((e = launch_gemm<T, Major::kK, Major::kMN>(pixel_rows(ws.dlin, d, P), Operand{ws.wcat_raw, d.C, 0, P, d.C},
-                                                 {M, static_cast<int>(d.C), P, 0}, 1, to_dxhat_in, s)) != cudaSuccess)
-    return e;
-  if ((e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
+  // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz (fused likewise).
+  const Operand dlin_rows = pixel_rows(ws.dlin, d, P), wcat_n = Operand{ws.wcat_raw, d.C, 0, P, d.C};
+  const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), P, 0};
+  if (fused_norm_in(d)) {
+    const NormRowsBackwardEpilogue fused{d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz};
+    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, fused, s)) != cudaSuccess) return e;
+  } else {
+    const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
+    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) != cudaSuccess ||
+        (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
+      return e;
+  }
   // dW_in.
   if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_in, P * d.C, ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;

@@ -319,10 +319,19 @@ struct ProjectBackwardEpilogue {
       constexpr int kStep = Cfg::kThreads / Cfg::kBlockM, kPer = 64 / kStep;
       const int c0 = threadIdx.x / Cfg::kBlockM;
       float ups[kPer];  // [channels of this thread] da/db at its pixel: loads in flight together
+      // The tile's 64 channels lie on one side (da or db) unless Ch is an odd multiple of 32:
+      // then one pointer and a fixed stride serve every load.
+      const int cb = n0 / 2;
+      const float* up = (cb < Ch ? da + cb * plane : db + (cb - Ch) * plane) + c0 * plane + base;
+      if (cb + 64 <= Ch || cb >= Ch) {
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int ch = n0 / 2 + c0 + i * kStep;
-        ups[i] = m < M ? (ch < Ch ? da + ch * plane : db + (ch - Ch) * plane)[base] : 0.f;
+        for (int i = 0; i < kPer; ++i) ups[i] = m < M ? up[i * kStep * plane] : 0.f;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int ch = cb + c0 + i * kStep;
+          ups[i] = m < M ? (ch < Ch ? da + ch * plane : db + (ch - Ch) * plane)[base] : 0.f;
+        }
       }
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {

@@ -49,6 +49,7 @@ struct EpiTile {
   float* c;        // [kBlockM][kEpiStride]
   float* scratch;  // [kThreads]
   int64_t* rows;   // [kBlockM] per-row offsets an epilogue may precompute (row_offsets)
+  void* extra;     // [kEpiExtraBytes] past the pixel-major tile (16-byte aligned)
   __device__ float& at(int r, int n) const { return c[r * Cfg::kEpiStride + n]; }
   // The same element when the epilogue asked for channel-major staging (channel_major_tile).
   __device__ float& at_cm(int r, int n) const { return c[n * Cfg::kEpiStrideCm + r]; }
@@ -209,11 +210,15 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const T* tile, int nc, 
 constexpr int kStageBytes = 2 * detail::kTileElems * 2;  // A and B, 16-bit
 static_assert(Cfg::kBlockN * Cfg::kEpiStrideCm <= Cfg::kStages * kStageBytes / 4,
               "channel-major staging fits where the operand stages were");
+constexpr int kEpiTileBytes = Cfg::kBlockM * Cfg::kEpiStride * 4;
+static_assert(kEpiTileBytes % 16 == 0, "the extra area starts 16-byte aligned");
+// Operand stages, or the epilogue's tile and extra area (they reuse the stages' bytes), then
+// the scratch and row-offset areas.
 constexpr int kGemmSmemBytes =
-    (Cfg::kStages * kStageBytes > Cfg::kBlockM * Cfg::kEpiStride * 4
-         ? Cfg::kStages * kStageBytes
-         : Cfg::kBlockM * Cfg::kEpiStride * 4) +
+    (Cfg::kStages * kStageBytes > kEpiTileBytes + Cfg::kEpiExtraBytes ? Cfg::kStages * kStageBytes
+                                                                       : kEpiTileBytes + Cfg::kEpiExtraBytes) +
     Cfg::kThreads * 4 + Cfg::kBlockM * 8;
+static_assert(2 * kGemmSmemBytes <= 227 * 1024, "two blocks per SM");
 
 template <class T, Major AM, Major BMJ, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 2)
@@ -279,7 +284,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   constexpr int kRowsAt = kGemmSmemBytes - Cfg::kBlockM * 8;
   const EpiTile tile{reinterpret_cast<float*>(smem),
                      reinterpret_cast<float*>(smem + kRowsAt - Cfg::kThreads * 4),
-                     reinterpret_cast<int64_t*>(smem + kRowsAt)};
+                     reinterpret_cast<int64_t*>(smem + kRowsAt), smem + kEpiTileBytes};
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   auto stage = [&](auto&& at) {
 #pragma unroll

@@ -11,12 +11,19 @@
 
 #include "common/mma.cuh"
 #include "trimul/kernels.h"
+#include "trimul/row_math.cuh"
 #include "trimul/tile_config.h"
 
 namespace tpf::trimul {
 namespace {
 
-constexpr int kGroupLanes = 8;
+using rows::aligned8;
+using rows::group_sum;
+using rows::kGroupLanes;
+using rows::load4;
+using rows::norm_backward;
+using rows::store4;
+
 constexpr int kRowsPerWarp = 32 / kGroupLanes;
 constexpr int kRowsPerBlock = kRowWarps * kRowsPerWarp;
 constexpr int kUnits = 256 / (4 * kGroupLanes);  // 4-channel units per lane at W = 256
@@ -27,14 +34,8 @@ struct Slot {
   int row;  // row of the block, [0, kRowsPerBlock)
   int l8;   // lane in the row's group
   __device__ Slot() : row(threadIdx.x / kGroupLanes), l8(threadIdx.x % kGroupLanes) {}
-  __device__ int channel(int u) const { return 4 * (l8 + kGroupLanes * u); }
+  __device__ int channel(int u) const { return rows::unit_channel(l8, u); }
 };
-
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = 1; o < kGroupLanes; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Mean and 1/sqrt(var + eps) of a row of W channels held by a group (v[4u + e], u < W / 32).
 __device__ __forceinline__ float2 row_stats(const float (&v)[kVals], int W, float eps) {
@@ -48,45 +49,6 @@ __device__ __forceinline__ float2 row_stats(const float (&v)[kVals], int W, floa
   for (int i = 0; i < kVals; ++i) q += i / 4 < units ? (v[i] - mean) * (v[i] - mean) : 0.f;
   return make_float2(mean, rsqrtf(group_sum(q) / W + eps));
 }
-
-// d x of the normalisation from g = d xhat and xhat (same layout), in place in g.
-__device__ __forceinline__ void norm_backward(float (&g)[kVals], const float (&xh)[kVals], int W, float rstd) {
-  const int units = W / 32;
-  float sg = 0.f, sgx = 0.f;
-#pragma unroll
-  for (int i = 0; i < kVals; ++i)
-    if (i / 4 < units) sg += g[i], sgx += g[i] * xh[i];
-  const float mg = group_sum(sg) / W, mgx = group_sum(sgx) / W;
-#pragma unroll
-  for (int i = 0; i < kVals; ++i) g[i] = rstd * (g[i] - mg - xh[i] * mgx);
-}
-
-// Four consecutive channels of a 16-bit row as floats (one 8-byte load when aligned).
-template <class T>
-__device__ __forceinline__ void load4(float* v, const T* src, bool vec) {
-  if (vec) {
-    const uint2 u = *reinterpret_cast<const uint2*>(src);
-    const float2 lo = dev::pair_to_float2<T>(u.x), hi = dev::pair_to_float2<T>(u.y);
-    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = dev::to_float(src[e]);
-  }
-}
-__device__ __forceinline__ void load4(float* v, const float* src, bool) {  // 16-byte aligned rows
-  const float4 q = *reinterpret_cast<const float4*>(src);
-  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-}
-template <class T>
-__device__ __forceinline__ void store4(T* dst, const float* v, bool vec) {
-  if (vec) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(dev::MmaOp<T>::pack(v[0], v[1]), dev::MmaOp<T>::pack(v[2], v[3]));
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dst[e] = dev::from_float<T>(v[e]);
-  }
-}
-__device__ __forceinline__ bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
 
 // Normalises a group's row (pixel m) into xhat (and xhat_bf) and writes its statistics where asked.
 // Every lane of the warp must call it (full-warp shuffles); rows past M (in == false) write nothing.

@@ -26,6 +26,10 @@ struct GemmConfig {
   // rows of 132 floats are 16-byte aligned for vector reads, and the 4-bank shift per column
   // keeps the accumulator writes conflict-free (lane (g, t) lands in bank 8t + g).
   static constexpr int kEpiStrideCm = kBlockM + 4;
+  // Shared memory past the staged tile for an epilogue's second operand: the fused LayerNorm_out
+  // backward stages x's 128 channels x 128 pixels in bf16 there (32 KB; the tile and it then
+  // take 99 KB of the block's ~101 KB, still two blocks per SM).
+  static constexpr int kEpiExtraBytes = kBlockN * kBlockM * 2;
 };
 
 // Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of

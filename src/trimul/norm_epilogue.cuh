@@ -1,0 +1,175 @@
+// LayerNorm backward fused into the epilogue of the product that makes its input gradient,
+// d xhat = dY Wᵀ (times gamma): when one 128-column tile holds whole rows (W <= kBlockN), the
+// tile's rows give d x = rstd (g - mean(g) - xhat mean(g xhat)) with g = d xhat * gamma
+// directly, and d xhat never goes to device memory (it used to be written in fp32 and read
+// back by a row kernel: 2 x 4 bytes per element of traffic and a launch saved).
+//
+// Rows are walked as in the row kernels (row_math.cuh): 8 lanes per row, 32 groups over the
+// tile's 128 rows, group q taking rows q, q + 32, q + 64, q + 96. The tile reads at(r, 4 (l8 +
+// 8u) + e) hit banks r + 4 l8 + e: the four consecutive rows of a warp and its 8 lanes cover
+// the 32 banks once.
+#pragma once
+#include "trimul/epilogues.cuh"
+#include "trimul/row_math.cuh"
+
+namespace tpf::trimul {
+
+struct NormRowWalk {
+  static constexpr int kGroups = Cfg::kThreads / rows::kGroupLanes;
+  static constexpr int kRows = Cfg::kBlockM / kGroups;  // rows per group
+  static constexpr int kUnits = Cfg::kBlockN / 32;      // 4-channel units per lane
+  static constexpr int kVals = 4 * kUnits;
+  int grp, l8;
+  __device__ NormRowWalk() : grp(threadIdx.x / rows::kGroupLanes), l8(threadIdx.x % rows::kGroupLanes) {}
+  __device__ int row(int k) const { return grp + kGroups * k; }
+  __device__ int channel(int u) const { return rows::unit_channel(l8, u); }
+  // gamma at this lane's channels (zero past W).
+  __device__ void load_gamma(float (&gm)[kVals], const WeightRef& gamma, int W) const {
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) gm[4 * u + e] = u < W / 32 ? weight_at(gamma, 0, channel(u) + e) : 0.f;
+  }
+  // g = tile row r * gamma, then d x in place (xh: the row's xhat at this lane's channels).
+  __device__ void backward(const EpiTile& t, int r, const float (&gm)[kVals], const float (&xh)[kVals],
+                           float (&g)[kVals], int W, float rstd) const {
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) g[4 * u + e] = u < W / 32 ? t.at(r, channel(u) + e) * gm[4 * u + e] : 0.f;
+    rows::norm_backward(g, xh, W, rstd);
+  }
+};
+
+// Four bf16 channels as raw bits (one 8-byte load where aligned: a strided view may not be).
+__device__ __forceinline__ uint2 load4_raw(const __nv_bfloat16* src) {
+  if (rows::aligned8(src)) return *reinterpret_cast<const uint2*>(src);
+  const auto* h = reinterpret_cast<const unsigned short*>(src);
+  return make_uint2(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16));
+}
+
+// LayerNorm_in: z and dz pixel-major (any pixel strides), W = C.
+struct NormRowsBackwardEpilogue {
+  Dims d;
+  WeightRef gamma;  // [C]
+  const float *mean, *rstd;
+  PairRef z, dz;    // bf16
+  __device__ void operator()(const EpiTile& t, int64_t m0, int, int) const {
+    const NormRowWalk w;
+    const int W = static_cast<int>(d.C);
+    float gm[NormRowWalk::kVals];  // [4u + e]
+    w.load_gamma(gm, gamma, W);
+    const auto* zp = static_cast<const __nv_bfloat16*>(z.ptr);
+    auto* dzp = static_cast<__nv_bfloat16*>(dz.ptr);
+    constexpr int kR = NormRowWalk::kRows, kU = NormRowWalk::kUnits;
+    // All of the group's z rows and statistics in flight before the first use: one dependent
+    // load per row at a time left the epilogue latency-bound.
+    uint2 zr[kR][kU];  // [row k][unit] 4 raw bf16 channels
+    float mu[kR], rs[kR];
+#pragma unroll
+    for (int k = 0; k < kR; ++k) {
+      const int64_t m = m0 + w.row(k);
+      const bool in = m < d.M();
+      const __nv_bfloat16* src = zp + (in ? pair_offset(z, m, d.N) : 0);
+      mu[k] = in ? mean[m] : 0.f, rs[k] = in ? rstd[m] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) zr[k][u] = in && u < W / 32 ? load4_raw(src + w.channel(u)) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kR; ++k) {
+      const int64_t m = m0 + w.row(k);
+      float xh[NormRowWalk::kVals], g[NormRowWalk::kVals];  // rows past M: zeros, join the shuffles
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const float2 lo = dev::pair_to_float2<__nv_bfloat16>(zr[k][u].x), hi = dev::pair_to_float2<__nv_bfloat16>(zr[k][u].y);
+        xh[4 * u] = (lo.x - mu[k]) * rs[k], xh[4 * u + 1] = (lo.y - mu[k]) * rs[k];
+        xh[4 * u + 2] = (hi.x - mu[k]) * rs[k], xh[4 * u + 3] = (hi.y - mu[k]) * rs[k];
+      }
+      w.backward(t, w.row(k), gm, xh, g, W, rs[k]);
+      if (m >= d.M()) continue;
+      __nv_bfloat16* dst = dzp + pair_offset(dz, m, d.N);
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (u < W / 32) rows::store4(dst + w.channel(u), g + 4 * u, rows::aligned8(dst));
+    }
+  }
+};
+
+// LayerNorm_out: x and dx channel-major bf16, W = Ch; needs N % 8 == 0 (8-pixel groups never
+// straddle a matrix row and there are no pads). x's tile is staged in the extra area as
+// [channel][128 pixels] bf16 with pixel groups of 8 swizzled by channel / 4: the rows' reads
+// (pixel r, channel 4 (l8 + 8u) + e) then land in bank ((r / 2) ^ 4 l8) % 32, all distinct for
+// a warp's four rows and eight lanes (pixel pairs share a word: broadcast).
+struct NormChannelMajorBackwardEpilogue {
+  Dims d;
+  WeightRef gamma;  // [Ch]
+  const float *mean, *rstd;
+  const __nv_bfloat16* x;
+  __nv_bfloat16* dx;
+  static constexpr int kGroups8 = Cfg::kBlockM / 8;  // 8-pixel groups of the tile
+
+  __device__ static int swizzled(int c, int p) { return c * Cfg::kBlockM + (p ^ (((c >> 2) & 7) << 3)); }
+
+  __device__ void operator()(const EpiTile& t, int64_t m0, int, int) const {
+    const int W = static_cast<int>(d.Ch);
+    auto* xs = static_cast<__nv_bfloat16*>(t.extra);  // [W][128] swizzled
+    const int64_t plane = d.plane();
+    // Stage x: thread (8-pixel group q, channel c): one 16-byte load of 8 pixels.
+    {
+      constexpr int kStep = Cfg::kThreads / kGroups8, kLoads = Cfg::kBlockN / kStep;
+      const int q = threadIdx.x % kGroups8, c0 = threadIdx.x / kGroups8;
+      const int64_t m = m0 + 8 * q;
+      const int64_t base = m < d.M() ? cm_offset(d, m, 0) : 0;
+      uint4 v[kLoads];  // [load]: all in flight before the first store
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int c = c0 + kStep * i;
+        v[i] = m < d.M() && c < W ? *reinterpret_cast<const uint4*>(x + base + c * plane) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i)
+        if (c0 + kStep * i < W) *reinterpret_cast<uint4*>(xs + swizzled(c0 + kStep * i, 8 * q)) = v[i];
+    }
+    __syncthreads();
+    const NormRowWalk w;
+    float gm[NormRowWalk::kVals];  // [4u + e]
+    w.load_gamma(gm, gamma, W);
+#pragma unroll
+    for (int k = 0; k < NormRowWalk::kRows; ++k) {
+      const int r = w.row(k);
+      const int64_t m = m0 + r;
+      const bool in = m < d.M();
+      const float mu = in ? mean[m] : 0.f, rs = in ? rstd[m] : 0.f;
+      float xh[NormRowWalk::kVals] = {}, g[NormRowWalk::kVals];
+#pragma unroll
+      for (int u = 0; u < NormRowWalk::kUnits; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (in && u < W / 32) xh[4 * u + e] = (__bfloat162float(xs[swizzled(w.channel(u) + e, r)]) - mu) * rs;
+      w.backward(t, r, gm, xh, g, W, rs);
+      // d x replaces the gradient in place: only this lane reads these elements before the sync.
+#pragma unroll
+      for (int u = 0; u < NormRowWalk::kUnits; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (u < W / 32) t.at(r, w.channel(u) + e) = g[4 * u + e];
+    }
+    __syncthreads();
+    // Store: a warp takes 8 channels x 4 pixel groups (lane = 4 channel + group): reads
+    // at(8 q + e, c) hit banks 8 q + c + e, distinct over the warp; each channel gets 64
+    // contiguous bytes. Every thread keeps one pixel group, so its offset is computed once.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int q = 4 * (warp % 4) + lane % 4;
+    const int64_t m = m0 + 8 * q;
+    if (m >= d.M()) return;
+    const int64_t base = cm_offset(d, m, 0);
+    for (int c = 8 * (warp / 4) + lane / 4; c < W; c += 8 * (Cfg::kThreads / 32 / 4)) {
+      float v[8];  // [pixel]
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = t.at(8 * q + e, c);
+      *reinterpret_cast<uint4*>(dx + base + c * plane) = dev::pack8<__nv_bfloat16>(v);
+    }
+  }
+};
+
+}  // namespace tpf::trimul
