@@ -1,8 +1,12 @@
 // Backward sequence (precision plan in kernels.h): the forward's saved set (or its recompute up
-// to LayerNorm_out when the caller kept none), then the output stage, LayerNorm_out backward, the two transposed triangle products, the input projection
-// backward and LayerNorm_in backward; weight gradients as split-K products summed in order.
+// to LayerNorm_out when the caller kept none), then the output stage, LayerNorm_out backward,
+// the two transposed triangle products, the input projection backward and LayerNorm_in
+// backward; weight gradients as split-K products summed in order. Three pairs of independent
+// stages run on two streams (common/side_stream.h): d xhat_out with dWz, da with db, d xhat_in
+// with dW_in.
 #include <cuda_bf16.h>
 
+#include "common/side_stream.h"
 #include "trimul/norm_epilogue.cuh"
 #include "trimul/stages.cuh"
 
@@ -11,8 +15,9 @@ namespace {
 
 using T = __nv_bfloat16;
 
-// da and db from dx (outgoing: da = dx b, db = dxᵀ a; incoming: da = b dxᵀ, db = a dx).
-cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_t s) {
+// da and db from dx (outgoing: da = dx b, db = dxᵀ a; incoming: da = b dxᵀ, db = a dx), da on
+// stream s, db on s_db.
+cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_t s, cudaStream_t s_db) {
   const Dims& d = p.d;
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
@@ -22,10 +27,10 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   cudaError_t e;
   if (p.outgoing) {
     if ((e = launch_gemm<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-    return launch_gemm<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s);
+    return launch_gemm<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
   }
   if ((e = launch_gemm<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-  return launch_gemm<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s);
+  return launch_gemm<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
 // G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows.
@@ -58,7 +63,10 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
     return e;
   // d xhat_out = (dy Wz) * gamma_out (Wz [C][Ch] read N-major; K = 2C: dy's high and low parts
   // against Wz twice), then LayerNorm_out backward into dx: in the product's epilogue where a
-  // tile holds whole rows (norm_epilogue.cuh), else by a row kernel.
+  // tile holds whole rows (norm_epilogue.cuh), else by a row kernel. Beside it dWz from dy's
+  // high rows then low rows (each chunk's [2C][Ch] partial is two [C][Ch] parts).
+  tpf::detail::Fork fork(s);
+  if ((e = fork.begin()) != cudaSuccess) return e;
   const Operand dy_rows = pixel_rows(ws.dy, d, 2 * d.C), wz_n = Operand{ws.wz_raw, d.Ch, 0, 2 * d.C, d.Ch};
   const GemmShape dxhat_out_shape{M, static_cast<int>(d.Ch), 2 * d.C, 0};
   if (fused_norm_out(d)) {
@@ -71,16 +79,21 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess)
       return e;
   }
-  // dWz from dy's high rows then low rows (each chunk's [2C][Ch] partial is two [C][Ch] parts):
-  // dy's last use, so db may take its region.
-  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, s)) != cudaSuccess) return e;
-  if ((e = triangle_backward(p, ws, s)) != cudaSuccess) return e;
+  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, fork.side())) != cudaSuccess ||
+      (e = fork.join()) != cudaSuccess)
+    return e;
+  // dy is dead: db may take its region (and da d xhat's).
+  if ((e = fork.begin()) != cudaSuccess || (e = triangle_backward(p, ws, s, fork.side())) != cudaSuccess ||
+      (e = fork.join()) != cudaSuccess)
+    return e;
   // Input projections: recompute p, g; their gradients into dlin's a/b columns.
   const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin};
   if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
                                                 {M, static_cast<int>(4 * d.Ch), d.C, 0}, 1, pb, s)) != cudaSuccess)
     return e;
-  // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz (fused likewise).
+  // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz (fused likewise);
+  // beside it dW_in.
+  if ((e = fork.begin()) != cudaSuccess) return e;
   const Operand dlin_rows = pixel_rows(ws.dlin, d, P), wcat_n = Operand{ws.wcat_raw, d.C, 0, P, d.C};
   const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), P, 0};
   if (fused_norm_in(d)) {
@@ -92,8 +105,9 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
       return e;
   }
-  // dW_in.
-  if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, s)) != cudaSuccess) return e;
+  if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
+      (e = fork.join()) != cudaSuccess)
+    return e;
   if ((e = sum_partials(ws.part_in, P * d.C, ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;

@@ -307,6 +307,26 @@ struct ProjectBackwardEpilogue {
   const float *da, *db;  // channel-major
   T* dlin;            // [M][4Ch + C]
   float* colsum_lin;  // [m-tiles][4Ch + C]
+
+  // da/db of the tile's 64 channels x 128 pixels into the extra area as [64][128] fp32 while
+  // the product runs (N % 8 == 0: 4-pixel chunks are 16-byte aligned and inside one batch).
+  __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
+    if (d.N % 8 != 0) return false;
+    const int q = threadIdx.x % 32;  // 4-pixel chunk
+    const int64_t m = m0 + 4 * q;
+    const bool in = m < d.M();  // M % 64 == 0 here: a chunk is all in or all out
+    const int64_t base = in ? cm_offset(d, m, 0) : 0, plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch), cb = n0 / 2;
+    const uint32_t s = dev::smem_addr(extra);
+#pragma unroll
+    for (int i = 0; i < 64 / (Cfg::kThreads / 32); ++i) {
+      const int c = static_cast<int>(threadIdx.x / 32) + (Cfg::kThreads / 32) * i, ch = cb + c;
+      const float* src = (ch < Ch ? da + ch * plane : db + (ch - Ch) * plane) + base;
+      dev::cp_async_16(s + (c * Cfg::kBlockM + 4 * q) * 4, src, in);  // out of range: zero fill
+    }
+    return true;
+  }
+
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M(), ldl = d.proj_cols();
     const float* bs = stage_bias(t, bias, n0, static_cast<int>(ldl));  // [128] this tile's
@@ -323,7 +343,11 @@ struct ProjectBackwardEpilogue {
       // then one pointer and a fixed stride serve every load.
       const int cb = n0 / 2;
       const float* up = (cb < Ch ? da + cb * plane : db + (cb - Ch) * plane) + c0 * plane + base;
-      if (cb + 64 <= Ch || cb >= Ch) {
+      if (t.prefetched) {
+        const float* pre = static_cast<const float*>(t.extra);  // [64][128]: banks = r % 32
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) ups[i] = pre[(c0 + i * kStep) * Cfg::kBlockM + r];
+      } else if (cb + 64 <= Ch || cb >= Ch) {
 #pragma unroll
         for (int i = 0; i < kPer; ++i) ups[i] = m < M ? up[i * kStep * plane] : 0.f;
       } else {

@@ -50,6 +50,7 @@ struct EpiTile {
   float* scratch;  // [kThreads]
   int64_t* rows;   // [kBlockM] per-row offsets an epilogue may precompute (row_offsets)
   void* extra;     // [kEpiExtraBytes] past the pixel-major tile (16-byte aligned)
+  bool prefetched;  // the epilogue's prefetch (below) filled the extra area
   __device__ float& at(int r, int n) const { return c[r * Cfg::kEpiStride + n]; }
   // The same element when the epilogue asked for channel-major staging (channel_major_tile).
   __device__ float& at_cm(int r, int n) const { return c[n * Cfg::kEpiStrideCm + r]; }
@@ -66,6 +67,16 @@ __device__ __forceinline__ bool stages_channel_major(const Epi& epi, int n0) {
   if constexpr (HasChannelMajorTiles<Epi>::value) return epi.channel_major_tile(n0);
   else return false;
 }
+
+// An epilogue may load its own operand into the extra area while the main loop runs, by
+// defining `bool prefetch(void* extra, int64_t m0, int n0)` (cp.async; false: it did not). The
+// kernel calls it only when the loop leaves the last operand stage unused (K <= (kStages - 1)
+// kBlockK, the short-K products), whose bytes the extra area reuses.
+template <class Epi, class = void>
+struct HasPrefetch : std::false_type {};
+template <class Epi>
+struct HasPrefetch<Epi, std::void_t<decltype(std::declval<const Epi&>().prefetch(nullptr, int64_t{0}, 0))>>
+    : std::true_type {};
 
 // Vector walk of the tile for epilogues that store pixel-major: each lane owns kVec consecutive
 // columns (one 16-byte store of 16-bit values for kVec = 8, of fp32 for kVec = 4) of kItems
@@ -219,6 +230,9 @@ constexpr int kGemmSmemBytes =
                                                                        : kEpiTileBytes + Cfg::kEpiExtraBytes) +
     Cfg::kThreads * 4 + Cfg::kBlockM * 8;
 static_assert(2 * kGemmSmemBytes <= 227 * 1024, "two blocks per SM");
+static_assert(kEpiTileBytes >= (Cfg::kStages - 1) * kStageBytes,
+              "the extra area lies in the last operand stage (or past the stages): a prefetch "
+              "into it does not overlap the stages a short-K main loop uses");
 
 template <class T, Major AM, Major BMJ, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 2)
@@ -250,6 +264,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   float acc[kMi][kNi][4] = {};  // [m16 tile][n8 tile][C fragment]
 
   const int nk = static_cast<int>((k_end - k_begin + Cfg::kBlockK - 1) / Cfg::kBlockK);
+  bool prefetched = false;
+  if constexpr (HasPrefetch<Epi>::value) {
+    if (nk <= Cfg::kStages - 1) prefetched = epi.prefetch(smem + kEpiTileBytes, m0, n0);
+    dev::cp_async_commit();  // its own group, oldest: complete before stage 0 is
+  }
 #pragma unroll
   for (int st = 0; st < Cfg::kStages - 1; ++st) {
     if (st < nk) load(st, k_begin + int64_t(st) * Cfg::kBlockK);
@@ -284,7 +303,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   constexpr int kRowsAt = kGemmSmemBytes - Cfg::kBlockM * 8;
   const EpiTile tile{reinterpret_cast<float*>(smem),
                      reinterpret_cast<float*>(smem + kRowsAt - Cfg::kThreads * 4),
-                     reinterpret_cast<int64_t*>(smem + kRowsAt), smem + kEpiTileBytes};
+                     reinterpret_cast<int64_t*>(smem + kRowsAt), smem + kEpiTileBytes, prefetched};
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   auto stage = [&](auto&& at) {
 #pragma unroll
