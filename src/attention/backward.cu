@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/kernel_attrs.h"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -371,9 +372,7 @@ struct LaunchBackward {
   static cudaError_t run(const BwdArgs& a, const BwdPlan& plan, cudaStream_t stream) {
     const size_t smem = BwdSmem<BiasT, D>::bytes();
     auto kernel = backward_kernel<T, BiasT, D>;
-    static const cudaError_t attr = cudaFuncSetAttribute(  // once per kernel and process
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (attr != cudaSuccess) return attr;
+    if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;
     const dim3 grid(plan.key_tiles, plan.chunks, a.dims.B * a.dims.H);
     kernel<<<grid, BwdConfig<D>::kThreads, smem, stream>>>(a);
     return cudaGetLastError();

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "common/kernel_attrs.h"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -206,9 +207,7 @@ struct LaunchForward {
     using Cfg = FwdConfig<D>;
     constexpr size_t smem = fwd_smem_bytes<BiasT, D>();
     auto kernel = forward_kernel<T, BiasT, D>;
-    static const cudaError_t attr = cudaFuncSetAttribute(  // once per kernel and process
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (attr != cudaSuccess) return attr;
+    if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;
     const dim3 grid((a.dims.N + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.dims.S, a.dims.B * a.dims.H);
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(a);
     return cudaGetLastError();

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/kernel_attrs.h"
 #include "common/mma.cuh"
 #include "common/swizzle.cuh"
 #include "trimul/tile_config.h"
@@ -328,9 +329,7 @@ template <class T, Major AM, Major BMJ, class Epi>
 cudaError_t launch_gemm(const Operand& A, const Operand& B, const GemmShape& s, int batches,
                         const Epi& epi, cudaStream_t stream) {
   auto* kernel = gemm_kernel<T, AM, BMJ, Epi>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmemBytes);
-  if (attr != cudaSuccess) return attr;
+  if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kGemmSmemBytes); e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) *
                                         ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)),
                   1, static_cast<unsigned>(batches));

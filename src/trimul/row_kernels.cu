@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/kernel_attrs.h"
 #include "common/mma.cuh"
 #include "trimul/kernels.h"
 #include "trimul/row_math.cuh"
@@ -232,9 +233,7 @@ unsigned col_blocks(const Dims& d) { return static_cast<unsigned>((d.M() + kColP
 
 template <class K>
 cudaError_t allow_smem(K* kernel, size_t bytes) {
-  return bytes > 48 * 1024
-             ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes))
-             : cudaSuccess;
+  return tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(bytes));
 }
 
 }  // namespace
