@@ -26,11 +26,11 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   auto out = [&](float* ptr) { return StoreEpilogue<float>{ptr, d.Np, d.plane(), d.N, d.Np}; };
   cudaError_t e;
   if (p.outgoing) {
-    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-    return launch_gemm<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
+    if ((e = launch_triangle<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+    return launch_triangle<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
   }
-  if ((e = launch_gemm<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-  return launch_gemm<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
+  if ((e = launch_triangle<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+  return launch_triangle<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
 // G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows.

@@ -151,12 +151,19 @@ static_assert(Cfg::kBlockM == Cfg::kBlockN, "operand tiles share one geometry");
 // shared offset, which chunks lie inside the mn extent) is computed once per tile, so a k-step
 // costs one pointer advance and a compare per chunk: the address arithmetic of a per-chunk
 // (row, chunk) decomposition used to outnumber the MMAs several times over.
-template <Major MAJ, class T>
+//
+// kWgmma: MN-major tiles in the layout wgmma reads with 128-byte swizzling (two [64 k][64 mn]
+// halves of 8 KB, 128-byte rows, chunk c of row r at c ^ (r & 7)) instead of [64 k][128 mn]
+// rows of 256 bytes. K-major tiles ([128][64], 128-byte rows, the same XOR) suit both paths.
+template <Major MAJ, class T, bool kWgmma = false>
 struct TileLoader {
   static constexpr int kW = MAJ == Major::kK ? Cfg::kBlockK : Cfg::kBlockM;  // tile row, elements
   static constexpr int kChunksPerRow = kW / 8;
   static constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static constexpr int kPasses = kTileElems / 8 / Cfg::kThreads;
+  static constexpr bool kHalves = kWgmma && MAJ == Major::kMN;
+  static constexpr int kHalfElems = Cfg::kBlockK * 64;                 // one [64 k][64 mn] half
+  static constexpr int kSmemRow = kHalves ? 64 : kW;                   // smem row, elements
   static_assert(kRowsPerPass % 8 == 0, "the swizzle (row & 7) is the same in every pass");
 
   const T* src;        // this thread's chunk of pass 0 at k = 0
@@ -168,7 +175,8 @@ struct TileLoader {
 
   __device__ TileLoader(const T* base, const Operand& op, int64_t mn0) : ld(op.ld) {
     const int r0 = threadIdx.x / kChunksPerRow, ch = threadIdx.x % kChunksPerRow;
-    smem_off = r0 * kW + dev::swizzle<kW>(r0, ch) * 8;
+    smem_off = kHalves ? (ch / 8) * kHalfElems + r0 * 64 + ((ch % 8) ^ (r0 & 7)) * 8
+                       : r0 * kW + dev::swizzle<kW>(r0, ch) * 8;
     mn_ok = 0;
     if constexpr (MAJ == Major::kK) {  // tile row = mn, chunk = k
       src = base + (mn0 + r0) * op.ld + ch * 8;
@@ -190,7 +198,7 @@ struct TileLoader {
       const int64_t k = k0 + k_lane + (MAJ == Major::kK ? 0 : p * kRowsPerPass);
       const bool valid = ((mn_ok >> p) & 1u) && k < k_limit;
       // Out-of-range chunks copy 0 bytes (zero fill): their address is never read.
-      dev::cp_async_16(s + p * kRowsPerPass * kW * int(sizeof(T)), g + p * kRowsPerPass * ld, valid);
+      dev::cp_async_16(s + p * kRowsPerPass * kSmemRow * int(sizeof(T)), g + p * kRowsPerPass * ld, valid);
     }
   }
 };
@@ -235,28 +243,70 @@ static_assert(kEpiTileBytes >= (Cfg::kStages - 1) * kStageBytes,
               "the extra area lies in the last operand stage (or past the stages): a prefetch "
               "into it does not overlap the stages a short-K main loop uses");
 
+// The epilogue's view of a block's shared memory (kGemmSmemBytes from `smem`).
+__device__ __forceinline__ EpiTile epi_tile(uint8_t* smem, bool prefetched) {
+  constexpr int kRowsAt = kGemmSmemBytes - Cfg::kBlockM * 8;
+  return {reinterpret_cast<float*>(smem), reinterpret_cast<float*>(smem + kRowsAt - Cfg::kThreads * 4),
+          reinterpret_cast<int64_t*>(smem + kRowsAt), smem + kEpiTileBytes, prefetched};
+}
+
+// The block's output tile and K range. Tiles in n-fastest order: the blocks sharing an A row
+// block run together and read it from L2 once (the projections have 5 n-tiles over the same
+// 128 pixel rows). blockIdx.z: batch, or split-K chunk.
+struct BlockTile {
+  int64_t m0;
+  int n0, z;
+  int64_t k_begin;
+  int nk;  // k-steps
+  __device__ explicit BlockTile(const GemmShape& s) {
+    const int n_tiles = (s.N + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    m0 = int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
+    n0 = static_cast<int>(blockIdx.x % n_tiles) * Cfg::kBlockN;
+    z = blockIdx.z;
+    k_begin = s.k_chunk ? z * s.k_chunk : 0;
+    const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
+    nk = static_cast<int>((k_end - k_begin + Cfg::kBlockK - 1) / Cfg::kBlockK);
+  }
+};
+
+// Both operands' loaders for one block: load(st, k0) fills stage st with the k-step at k0.
+template <class T, Major AM, Major BMJ, bool kWgmma>
+struct StageLoader {
+  uint8_t* smem;
+  detail::TileLoader<AM, T, kWgmma> a;
+  detail::TileLoader<BMJ, T, kWgmma> b;
+  __device__ StageLoader(uint8_t* smem_, const Operand& A, const Operand& B, const GemmShape& s, const BlockTile& bt)
+      : smem(smem_),
+        a(static_cast<const T*>(A.ptr) + (s.k_chunk ? 0 : bt.z * A.batch_stride), A, bt.m0),
+        b(static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : bt.z * B.batch_stride), B, bt.n0) {}
+  __device__ T* stage_a(int st) const { return reinterpret_cast<T*>(smem + st * kStageBytes); }
+  __device__ T* stage_b(int st) const { return stage_a(st) + detail::kTileElems; }
+  __device__ void load(int st, int64_t k0) const {
+    a.load(stage_a(st), k0);
+    b.load(stage_b(st), k0);
+  }
+};
+
+// The accumulators into the epilogue's tile: put(at) assigns at(r, n) = value for each, with
+// `at` addressing the pixel-major tile, or the channel-major one where the epilogue asks.
+template <class Epi, class Put>
+__device__ __forceinline__ void stage_accumulators(const Epi& epi, const EpiTile& tile, int n0, Put&& put) {
+  if (stages_channel_major(epi, n0)) put([&](int r, int n) -> float& { return tile.at_cm(r, n); });
+  else put([&](int r, int n) -> float& { return tile.at(r, n); });
+  __syncthreads();
+}
+
 template <class T, Major AM, Major BMJ, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 2)
     gemm_kernel(const Operand A, const Operand B, const GemmShape s, const Epi epi) {
   extern __shared__ __align__(128) uint8_t smem[];
-  // Tiles in n-fastest order: the blocks sharing an A row block run together and read it from
-  // L2 once (the projections have 5 n-tiles over the same 128 pixel rows).
-  const int n_tiles = (s.N + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int64_t m0 = int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
-  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * Cfg::kBlockN;
-  const int z = blockIdx.z;
-  const int64_t k_begin = s.k_chunk ? z * s.k_chunk : 0;
-  const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
-  const T* a_base = static_cast<const T*>(A.ptr) + (s.k_chunk ? 0 : z * A.batch_stride);
-  const T* b_base = static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : z * B.batch_stride);
-  auto stage_a = [&](int st) { return reinterpret_cast<T*>(smem + st * kStageBytes); };
-  auto stage_b = [&](int st) { return stage_a(st) + detail::kTileElems; };
-  const detail::TileLoader<AM, T> a_loader(a_base, A, m0);
-  const detail::TileLoader<BMJ, T> b_loader(b_base, B, n0);
-  auto load = [&](int st, int64_t k0) {
-    a_loader.load(stage_a(st), k0);
-    b_loader.load(stage_b(st), k0);
-  };
+  const BlockTile bt(s);
+  const int64_t m0 = bt.m0, k_begin = bt.k_begin;
+  const int n0 = bt.n0, z = bt.z, nk = bt.nk;
+  const StageLoader<T, AM, BMJ, false> ld(smem, A, B, s, bt);
+  auto stage_a = [&](int st) { return ld.stage_a(st); };
+  auto stage_b = [&](int st) { return ld.stage_b(st); };
+  auto load = [&](int st, int64_t k0) { ld.load(st, k0); };
 
   const int warp = threadIdx.x >> 5;
   const int wm = (warp / Cfg::kWarpsN) * Cfg::kWarpTileM;  // warp's first row in the tile
@@ -264,7 +314,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   constexpr int kMi = Cfg::kWarpTileM / 16, kNi = Cfg::kWarpTileN / 8;
   float acc[kMi][kNi][4] = {};  // [m16 tile][n8 tile][C fragment]
 
-  const int nk = static_cast<int>((k_end - k_begin + Cfg::kBlockK - 1) / Cfg::kBlockK);
   bool prefetched = false;
   if constexpr (HasPrefetch<Epi>::value) {
     if (nk <= Cfg::kStages - 1) prefetched = epi.prefetch(smem + kEpiTileBytes, m0, n0);
@@ -301,12 +350,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   dev::cp_async_wait<0>();
   __syncthreads();
 
-  constexpr int kRowsAt = kGemmSmemBytes - Cfg::kBlockM * 8;
-  const EpiTile tile{reinterpret_cast<float*>(smem),
-                     reinterpret_cast<float*>(smem + kRowsAt - Cfg::kThreads * 4),
-                     reinterpret_cast<int64_t*>(smem + kRowsAt), smem + kEpiTileBytes, prefetched};
+  const EpiTile tile = epi_tile(smem, prefetched);
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  auto stage = [&](auto&& at) {
+  stage_accumulators(epi, tile, n0, [&](auto&& at) {
 #pragma unroll
     for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
@@ -317,24 +363,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
         at(r + 8, n) = acc[mi][ni][2];
         at(r + 8, n + 1) = acc[mi][ni][3];
       }
-  };
-  if (stages_channel_major(epi, n0)) stage([&](int r, int n) -> float& { return tile.at_cm(r, n); });
-  else stage([&](int r, int n) -> float& { return tile.at(r, n); });
-  __syncthreads();
+  });
   epi(tile, m0, n0, z);
+}
+
+// One block per 128 x 128 output tile (x) and batch or split-K chunk (z).
+template <class Epi>
+cudaError_t launch_tiles(void (*kernel)(Operand, Operand, GemmShape, Epi), int smem_bytes, const Operand& A,
+                         const Operand& B, const GemmShape& s, int batches, const Epi& epi, cudaStream_t stream) {
+  if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, smem_bytes); e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) *
+                                        ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)),
+                  1, static_cast<unsigned>(batches));
+  kernel<<<grid, Cfg::kThreads, smem_bytes, stream>>>(A, B, s, epi);
+  return cudaGetLastError();
 }
 
 // Launches C = A Bᵀ over `batches` matrices (or split-K chunks when s.k_chunk != 0).
 template <class T, Major AM, Major BMJ, class Epi>
 cudaError_t launch_gemm(const Operand& A, const Operand& B, const GemmShape& s, int batches,
                         const Epi& epi, cudaStream_t stream) {
-  auto* kernel = gemm_kernel<T, AM, BMJ, Epi>;
-  if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kGemmSmemBytes); e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) *
-                                        ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)),
-                  1, static_cast<unsigned>(batches));
-  kernel<<<grid, Cfg::kThreads, kGemmSmemBytes, stream>>>(A, B, s, epi);
-  return cudaGetLastError();
+  return launch_tiles<Epi>(gemm_kernel<T, AM, BMJ, Epi>, kGemmSmemBytes, A, B, s, batches, epi, stream);
 }
 
 }  // namespace tpf::trimul

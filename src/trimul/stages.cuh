@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "trimul/epilogues.cuh"
+#include "trimul/gemm_wgmma.cuh"
 #include "trimul/kernels.h"
 #include "trimul/workspace.h"
 
@@ -44,6 +45,14 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
                                                    1, epi, s);
 }
 
+// A triangle product (K = N): on wgmma or mma.sync (kTriangleWgmma).
+template <class T, Major AM, Major BMJ, class Epi>
+cudaError_t launch_triangle(const Operand& A, const Operand& B, const GemmShape& shape, int batches,
+                            const Epi& epi, cudaStream_t s) {
+  if constexpr (kTriangleWgmma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, shape, batches, epi, s);
+  else return launch_gemm<T, AM, BMJ>(A, B, shape, batches, epi, s);
+}
+
 // x_c = A_c B_cᵀ (outgoing) or A_cᵀ B_c (incoming) for every (batch, channel); x bf16 with
 // zero pads (the pad columns of B are zero).
 template <class T>
@@ -53,8 +62,8 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
   const Operand A = channel_matrices(operand<T>(ws, false), d), B = channel_matrices(operand<T>(ws, true), d);
-  return p.outgoing ? launch_gemm<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
-                    : launch_gemm<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
+  return p.outgoing ? launch_triangle<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
+                    : launch_triangle<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
 }
 
 // Folded weights, LayerNorm_in, projections, triangle product and LayerNorm_out: everything up
