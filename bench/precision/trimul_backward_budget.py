@@ -91,9 +91,11 @@ def emulated(z, mask, w, dout, R):
     lin = R["xhat_in16"](xh_in) @ R["w_fold16"](W_in * w["gi"]).T + (b_in + W_in @ w["bi"])
     p, g, l_gate = lin[..., :2 * Ch], lin[..., 2 * Ch:4 * Ch], lin[..., 4 * Ch:]
     sg = torch.sigmoid(g)
-    ab = R["ab"](sg * p * mask[..., None])
+    ab_f = sg * p * mask[..., None]
+    ab = R["ab"](ab_f)                                        # the backward's bf16 operands
     a, b = ab[..., :Ch], ab[..., Ch:]
-    x = R["x"](torch.einsum("ikc,jkc->ijc", a, b))
+    ab_x = R["ab_x"](ab_f)                                    # the operands x was made from
+    x = R["x"](torch.einsum("ikc,jkc->ijc", ab_x[..., :Ch], ab_x[..., Ch:]))
     xh_o, rs_o = ln_hat(x)
     y = R["xhat_out16"](xh_o) @ R["w_fold16"](w["Wz"] * w["go"]).T + (w["bz"] + w["Wz"] @ w["bo"])
     s = torch.sigmoid(R["gate_logit"](l_gate))
@@ -133,24 +135,31 @@ def ratios(dz, grads, dz_x, grads_x):
     return out
 
 
-POINTS = {  # the current plan (t11): where the kernels round, and to what
-    "xhat_in16": r_fp16, "w_fold16": r_fp16, "ab": r_bf, "x": r_bf, "xhat_out16": r_fp16,
+POINTS = {  # the t11 plan (backward recomputing the forward): where the kernels round, to what
+    "xhat_in16": r_fp16, "w_fold16": r_fp16, "ab": r_bf, "ab_x": r_bf, "x": r_bf, "xhat_out16": r_fp16,
     "gate_logit": r_fp16, "dy": r_hilo, "dxhat_out": ident, "dx": r_bf, "dlin": r_bf,
     "dxhat_in": ident, "xhat_in_bf": r_bf, "xhat_out_bf": r_bf,
 }
-VARIANTS = [  # (name, points made exact, points rounded as before t11)
+SAVED = {"ab_x": r_fp16}
+VARIANTS = [  # (name, points made exact, points rounded as before t11[, points rounded otherwise])
     ("plan before t11 (bf16 d xhat and dy; H200 N=768: dz 2.24, weights <= 2.11)", [], ["dxhat_out", "dxhat_in", "dy"]),
     ("current plan, t11 (fp32 d xhat, dy hi/lo; H200 N=768: dz 1.88, weights <= 1.99)", [], []),
     ("  + dlin hi/lo", ["dlin"], []),
     ("  + xhat_in hi/lo as the input-side weight-gradient operand", ["xhat_in_bf"], []),
     ("  + both", ["dlin", "xhat_in_bf"], []),
     ("  + dx hi/lo (doubles the transposed products)", ["dx"], []),
-    ("  + recomputed a, b exact (fp32 a, b)", ["ab"], []),
+    ("  + recomputed a, b exact (fp32 a, b)", ["ab", "ab_x"], []),
     ("  + recomputed forward exact (a, b, x, fp16 operands, gate)",
-     ["ab", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
+     ["ab", "ab_x", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
     ("  + dlin, xhat_in, dx hi/lo and the forward exact",
-     ["dlin", "xhat_in_bf", "dx", "ab", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
+     ["dlin", "xhat_in_bf", "dx", "ab", "ab_x", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
     ("every intermediate exact (only the final rounding: expect ~1)", list(POINTS), []),
+    # t12 on: the backward reads the forward's saved set, so x was made from fp16 a, b
+    ("saved forward, t12 (x from the forward's fp16 a, b)", [], [], SAVED),
+    ("  saved + xhat_in hi/lo as the input-side weight-gradient operand", ["xhat_in_bf"], [], SAVED),
+    ("  saved + dlin hi/lo", ["dlin"], [], SAVED),
+    ("  saved + dx hi/lo", ["dx"], [], SAVED),
+    ("  saved + dlin and xhat_in hi/lo", ["dlin", "xhat_in_bf"], [], SAVED),
 ]
 WEIGHTS = ["Wp", "Wg", "Wgo", "Wz", "gi", "go"]
 
@@ -161,19 +170,21 @@ def main():
     ap.add_argument("--c", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=3)
     a = ap.parse_args()
-    acc = {name: {k: 0.0 for k in ["dz"] + WEIGHTS} for name, _, _ in VARIANTS}
+    assert len({v[0] for v in VARIANTS}) == len(VARIANTS), "variant names key the table"
+    acc = {v[0]: {k: 0.0 for k in ["dz"] + WEIGHTS} for v in VARIANTS}
     for seed in range(a.seeds):
         z, mask, w, dout = problem(a.n, a.c, seed)
         dz_x, g_x = exact(z, mask, w, dout)
-        for name, exact_points, bf16_points in VARIANTS:
-            R = {k: (ident if k in exact_points else r_bf if k in bf16_points else f) for k, f in POINTS.items()}
+        for name, exact_points, bf16_points, *other in VARIANTS:
+            points = {**POINTS, **(other[0] if other else {})}
+            R = {k: (ident if k in exact_points else r_bf if k in bf16_points else f) for k, f in points.items()}
             r = ratios(*emulated(z, mask, w, dout, R), dz_x, g_x)
             for k in r:
                 acc[name][k] += r[k] / a.seeds
     print(f"N={a.n} C=Ch={a.c}, mean over {a.seeds} seeds; error / bf16 floor")
     names = {"Wp": "d p_in", "Wg": "d g_in", "Wgo": "d g_out", "Wz": "d p_out", "gi": "d γ_in", "go": "d γ_out"}
     print(f"{'variant':<88} {'dz':>5} " + " ".join(f"{names[k]:>8}" for k in WEIGHTS))
-    for name, _, _ in VARIANTS:
+    for name, *_ in VARIANTS:
         print(f"{name:<88} {acc[name]['dz']:5.2f} " + " ".join(f"{acc[name][k]:8.2f}" for k in WEIGHTS))
 
 

@@ -26,20 +26,20 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   auto out = [&](float* ptr) { return StoreEpilogue<float>{ptr, d.Np, d.plane(), d.N, d.Np}; };
   cudaError_t e;
   if (p.outgoing) {
-    if ((e = launch_triangle<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-    return launch_triangle<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
+    if ((e = launch_long_k<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+    return launch_long_k<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
   }
-  if ((e = launch_triangle<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-  return launch_triangle<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
+  if ((e = launch_long_k<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+  return launch_long_k<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
-// G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows.
+// G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows (K = M: a long-K product).
 cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const void* X,
                             int64_t cols, const WgradSplit& split, float* part, cudaStream_t s) {
   const Operand A{dY, rows, 0, d.M(), rows}, B{X, cols, 0, d.M(), cols};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
-  return launch_gemm<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), d.M(), split.chunk},
-                                                static_cast<int>(split.parts), epi, s);
+  return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), d.M(), split.chunk},
+                                                  static_cast<int>(split.parts), epi, s);
 }
 
 // The LayerNorm backward runs in the d xhat product's epilogue when one tile holds whole rows;
@@ -72,7 +72,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   if (fused_norm_out(d)) {
     const NormChannelMajorBackwardEpilogue fused{d, p.w.w[kNormOutW], ws.mean_out, ws.rstd_out,
                                                  static_cast<const T*>(ws.x), static_cast<T*>(ws.dx)};
-    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dy_rows, wz_n, dxhat_out_shape, 1, fused, s)) != cudaSuccess) return e;
+    if ((e = launch_long_k<T, Major::kK, Major::kMN>(dy_rows, wz_n, dxhat_out_shape, 1, fused, s)) != cudaSuccess) return e;
   } else {
     const StoreEpilogue<float> to_dxhat_out{ws.dxhat, d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
     if ((e = launch_gemm<T, Major::kK, Major::kMN>(dy_rows, wz_n, dxhat_out_shape, 1, to_dxhat_out, s)) != cudaSuccess ||
@@ -98,17 +98,19 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), P, 0};
   if (fused_norm_in(d)) {
     const NormRowsBackwardEpilogue fused{d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz};
-    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, fused, s)) != cudaSuccess) return e;
+    if ((e = launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, fused, s)) != cudaSuccess) return e;
   } else {
     const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
     if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) != cudaSuccess ||
         (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
       return e;
   }
-  if ((e = weight_gradient(d, ws.dlin, P, ws.xhat_in_bf, d.C, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
+  // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
+  // two): xhat_in's bf16 rounding no longer reaches the input-side weight gradients.
+  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, ws.dlin, P, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
-  if ((e = sum_partials(ws.part_in, P * d.C, ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
+  if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_dy, d.C, mt, ws.s_out, s)) != cudaSuccess) return e;

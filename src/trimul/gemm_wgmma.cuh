@@ -1,5 +1,5 @@
 // The GEMM engine's main loop on Hopper's warpgroup MMA (wgmma, sm_90a), for the long-K
-// triangle products: each of the block's two warpgroups owns 64 rows of the 128 x 128 tile and
+// products (triangle products, weight gradients): each of the block's two warpgroups owns 64 rows of the 128 x 128 tile and
 // issues four m64n128k16 per k-step straight from the swizzled shared-memory stages (no
 // ldmatrix, no per-warp operand fragments: mma.sync reached ~300 TFLOP/s on these products,
 // with half the issue slots spent feeding it). Loads, stages, staging of the accumulators and
@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   epi(tile, bt.m0, bt.n0, bt.z);
 }
 
-// launch_gemm's contract (gemm.cuh) on the wgmma main loop; no split-K or prefetching epilogues
-// (the triangle products use neither).
+// launch_gemm's contract (gemm.cuh) on the wgmma main loop (split-K included); epilogue
+// prefetching is not offered (it needs a short K).
 template <class T, Major AM, Major BMJ, class Epi>
 cudaError_t launch_gemm_wgmma(const Operand& A, const Operand& B, const GemmShape& s, int batches,
                               const Epi& epi, cudaStream_t stream) {

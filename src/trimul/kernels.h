@@ -25,7 +25,8 @@ struct WeightSet {
 // (s(1 - s) from a rounded s would lose its low bits near s = 1) and da, db in fp32 (they feed an
 // epilogue, not a tensor-core operand), as are d xhat_in and d xhat_out: the LayerNorm
 // backward reads them unrounded (a bf16 d xhat cost ~0.4x the floor on dz); dy is stored as a
-// bf16 high/low pair, so its two products (d xhat_out and dWz) see it to ~16 bits.
+// bf16 high/low pair, so its two products (d xhat_out and dWz) see it to ~16 bits, and so is
+// xhat_in as the input-side weight-gradient operand (N = 384's d Wg_in was 2.15x the floor).
 
 struct Problem {
   Dims d;
@@ -42,7 +43,8 @@ struct Problem {
 cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
                          void* wcat_raw, void* wz_raw, cudaStream_t s);
 // LayerNorm statistics and the normalised rows (no affine: it is folded into the weights), in
-// fp16 and optionally also bf16 (xhat_bf: the weight-gradient operand); mean/rstd optional.
+// fp16 and optionally also bf16 (xhat_bf: the weight-gradient operand; for the rows, z's
+// LayerNorm, as a high/low pair [M][2C]); mean/rstd optional.
 cudaError_t ln_rows_forward(const Problem& p, void* xhat, void* xhat_bf, float* mean,
                             float* rstd, cudaStream_t s);
 cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat, void* xhat_bf,
@@ -56,8 +58,8 @@ cudaError_t ln_channel_major_backward(const Problem& p, const float* dxhat, cons
 // out[e] = sum over parts of part[i * count + e], in part order.
 cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float* out,
                          cudaStream_t s);
-// Weight, bias and LayerNorm gradients from G_in = dlinᵀ zhat, S_in = colsum(dlin),
-// G_out = dyᵀ xhat_out, S_out = colsum(dy).
+// Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][4Ch + C]), S_in =
+// colsum(dlin), G_out = dyᵀ xhat_out ([C][Ch]), S_out = colsum(dy).
 cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* s_in,
                                   const float* g_out, const float* s_out, cudaStream_t s);
 

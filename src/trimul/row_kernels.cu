@@ -53,6 +53,8 @@ __device__ __forceinline__ float2 row_stats(const float (&v)[kVals], int W, floa
 
 // Normalises a group's row (pixel m) into xhat (and xhat_bf) and writes its statistics where asked.
 // Every lane of the warp must call it (full-warp shuffles); rows past M (in == false) write nothing.
+// kHiLo: xhat_bf rows are [high parts | low parts] ([M][2W], xhat = high + low to ~16 bits).
+template <bool kHiLo>
 __device__ __forceinline__ void normalize_row(const Slot& sl, const float (&v)[kVals], int W, float eps,
                                               int64_t m, bool in, __half* xhat, __nv_bfloat16* xhat_bf,
                                               float* mean, float* rstd) {
@@ -65,7 +67,15 @@ __device__ __forceinline__ void normalize_row(const Slot& sl, const float (&v)[k
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = (v[4 * u + e] - st.x) * st.y;
     store4(xhat + m * W + sl.channel(u), y, true);
-    if (xhat_bf) store4(xhat_bf + m * W + sl.channel(u), y, true);
+    if (!xhat_bf) continue;
+    __nv_bfloat16* hi = xhat_bf + m * (kHiLo ? 2 * W : W) + sl.channel(u);
+    store4(hi, y, true);
+    if constexpr (kHiLo) {
+      float lo[4];  // what the high part leaves
+#pragma unroll
+      for (int e = 0; e < 4; ++e) lo[e] = y[e] - __bfloat162float(__float2bfloat16_rn(y[e]));
+      store4(hi + W, lo, true);
+    }
   }
   if (mean && sl.l8 == 0) mean[m] = st.x, rstd[m] = st.y;
 }
@@ -83,7 +93,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
   for (int u = 0; u < kUnits; ++u)
     if (in && u < W / 32) load4(v + 4 * u, src + sl.channel(u), vec);
-  normalize_row(sl, v, W, eps, m, in, xhat, xhat_bf, mean, rstd);
+  normalize_row<true>(sl, v, W, eps, m, in, xhat, xhat_bf, mean, rstd);
 }
 
 __global__ void __launch_bounds__(kRowWarps * 32)
@@ -192,7 +202,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const int W = static_cast<int>(d.Ch);
   float v[kVals];  // rows past M read the tile's zeros
   tile_row(v, tile, sl, W);
-  normalize_row(sl, v, W, eps, m, m < d.M(), xhat, xhat_bf, mean, rstd);
+  normalize_row<false>(sl, v, W, eps, m, m < d.M(), xhat, xhat_bf, mean, rstd);
 }
 
 __global__ void __launch_bounds__(kRowWarps * 32)

@@ -45,11 +45,13 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
                                                    1, epi, s);
 }
 
-// A triangle product (K = N): on wgmma or mma.sync (kTriangleWgmma).
+// A long-K product (4 or more k-steps: the triangle products, K = N; the weight gradients,
+// K = B N^2; the d xhat products, K = 2C and 4Ch + C): on wgmma or mma.sync (kLongKWgmma).
+// The short ones (K = C or Ch, two k-steps) stay on mma.sync, whose epilogues can prefetch.
 template <class T, Major AM, Major BMJ, class Epi>
-cudaError_t launch_triangle(const Operand& A, const Operand& B, const GemmShape& shape, int batches,
-                            const Epi& epi, cudaStream_t s) {
-  if constexpr (kTriangleWgmma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, shape, batches, epi, s);
+cudaError_t launch_long_k(const Operand& A, const Operand& B, const GemmShape& shape, int batches,
+                          const Epi& epi, cudaStream_t s) {
+  if constexpr (kLongKWgmma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, shape, batches, epi, s);
   else return launch_gemm<T, AM, BMJ>(A, B, shape, batches, epi, s);
 }
 
@@ -62,8 +64,8 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
   const Operand A = channel_matrices(operand<T>(ws, false), d), B = channel_matrices(operand<T>(ws, true), d);
-  return p.outgoing ? launch_triangle<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
-                    : launch_triangle<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
+  return p.outgoing ? launch_long_k<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
+                    : launch_long_k<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
 }
 
 // Folded weights, LayerNorm_in, projections, triangle product and LayerNorm_out: everything up

@@ -32,9 +32,10 @@ struct GemmConfig {
   static constexpr int kEpiExtraBytes = kBlockN * kBlockM * 2;
 };
 
-// The triangle products (K = N, the cubic work) run on wgmma (gemm_wgmma.cuh); false: on the
-// mma.sync main loop like every other product.
-constexpr bool kTriangleWgmma = true;
+// The long-K products (4+ k-steps: triangle products, K = N, the cubic work; weight gradients,
+// K = B N^2 in split-K chunks; the d xhat products) run on wgmma (gemm_wgmma.cuh); false: on
+// the mma.sync main loop like the short-K products, whose time is their epilogues'.
+constexpr bool kLongKWgmma = true;
 
 // Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of
 // this many rows so that ~4 waves of blocks cover the few output tiles; partials are then

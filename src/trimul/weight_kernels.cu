@@ -92,13 +92,15 @@ __global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const 
   const bool in = o < ncat;
   const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o - ncat};
   const int K = static_cast<int>(in ? d.C : d.Ch);
-  const float* G = in ? g_in + int64_t(o) * K : g_out + int64_t(o - ncat) * K;
+  // G[o][c]: G_in is stored transposed ([C][ncat]), G_out row-major ([C][Ch])
+  const float* G = in ? g_in + o : g_out + int64_t(o - ncat) * K;
+  const int64_t gc = in ? ncat : 1;
   const float S = in ? s_in[o] : s_out[o - ncat];
   const WeightRef &gamma = ws.w[in ? kNormInW : kNormOutW], &beta = ws.w[in ? kNormInB : kNormOutB];
   const WeightRef &dW = dws.w[src.weight], &db = dws.w[src.weight + 1];
   if (dW.ptr)
     for (int c = 0; c < K; ++c)
-      store_any(dW, src.row * dW.s0 + c, G[c] * weight_at(gamma, 0, c) + S * weight_at(beta, 0, c));
+      store_any(dW, src.row * dW.s0 + c, G[c * gc] * weight_at(gamma, 0, c) + S * weight_at(beta, 0, c));
   if (db.ptr) store_any(db, src.row, S);
 }
 
@@ -117,7 +119,7 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
   for (int o = threadIdx.x; o < rows; o += kThreads) {
     const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o};
     const float w = weight_at(ws.w[src.weight], src.row, c);
-    dg += w * (in ? g_in : g_out)[int64_t(o) * K + c];
+    dg += w * (in ? g_in[int64_t(c) * rows + o] : g_out[int64_t(o) * K + c]);  // G_in transposed
     dbeta += w * (in ? s_in : s_out)[o];
   }
   red[0][threadIdx.x] = dg;

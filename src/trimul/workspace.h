@@ -42,7 +42,7 @@ struct Workspace {
   // workspace; the forward writes it only when asked to save (else only xhat_in, x, xhat_out,
   // with xhat_out aliasing xhat_in).
   void* xhat_in = nullptr;                      // fp16 [M][C]  LayerNorm_in(z) without affine
-  void* xhat_in_bf = nullptr;                   // bf16 copy (weight-gradient operand)
+  void* xhat_in_bf = nullptr;                   // bf16 [M][2C] high | low parts (weight-gradient operand)
   float *mean_in = nullptr, *rstd_in = nullptr; // [M]
   void *a_bf = nullptr, *b_bf = nullptr;        // bf16 channel-major: the backward's product operands
   void* logit = nullptr;                        // fp16 [M][C]  gate logit
@@ -102,7 +102,7 @@ inline size_t plan_saved(const Dims& d, Arena& a, Workspace& w) {
   const int64_t M = d.M();
   const size_t start = a.bytes();
   w.xhat_in = a.take(M * d.C, 2);
-  w.xhat_in_bf = a.take(M * d.C, 2);
+  w.xhat_in_bf = a.take(M * 2 * d.C, 2);
   w.mean_in = a.take_f32(M);
   w.rstd_in = a.take_f32(M);
   w.a_bf = a.take(d.cm_elems(), 2);
@@ -182,9 +182,9 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.dx = a.take(d.cm_elems(), 2);
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
-  w.split_in = wgrad_split(M, P, d.C);
+  w.split_in = wgrad_split(M, 2 * d.C, P);      // rows: xhat_in's high then low parts
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
-  w.part_in = a.take_f32(w.split_in.parts * P * d.C);
+  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * P);
   w.part_out = a.take_f32(w.split_out.parts * 2 * d.C * d.Ch);
   w.g_in = a.take_f32(P * d.C);
   w.g_out = a.take_f32(d.C * d.Ch);

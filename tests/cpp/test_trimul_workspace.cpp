@@ -26,7 +26,7 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
   std::vector<Buf> b = {{"wcat", w.wcat, P * d.C * 2, false}, {"bcat", w.bcat, P * 4, false},
                         {"wz", w.wz, d.C * d.Ch * 2, false},  {"bz", w.bz, d.C * 4, false}};
   const std::vector<Buf> saved = {
-      {"xhat_in", w.xhat_in, M * d.C * 2, true},      {"xhat_in_bf", w.xhat_in_bf, M * d.C * 2, true},
+      {"xhat_in", w.xhat_in, M * d.C * 2, true},      {"xhat_in_bf", w.xhat_in_bf, M * 2 * d.C * 2, true},
       {"mean_in", w.mean_in, M * 4, true},            {"rstd_in", w.rstd_in, M * 4, true},
       {"a_bf", w.a_bf, cm * 2, true},                 {"b_bf", w.b_bf, cm * 2, true},
       {"logit", w.logit, M * d.C * 2, true},          {"x", w.x, cm * 2, true},
@@ -52,7 +52,7 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
       {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
       {"colsum_dy", w.colsum_dy, mt * d.C * 4, false}, {"colsum_lin", w.colsum_lin, mt * P * 4, false},
-      {"part_in", w.part_in, w.split_in.parts * P * d.C * 4, false},
+      {"part_in", w.part_in, w.split_in.parts * 2 * d.C * P * 4, false},
       {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4, false},
       {"g_in", w.g_in, P * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
       {"s_in", w.s_in, P * 4, false}, {"s_out", w.s_out, d.C * 4, false}};
