@@ -371,17 +371,22 @@ def write_floor_table(rows, out_dir: Path, gpu: str):
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "trimul_accuracy.json").write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=1))
     lines = [f"# Multiplicative update: accuracy against FP64 on {gpu}", "",
-             "B=1, C = Ch = 128, outgoing, bf16 z and weights, every bias, 10% of pairs masked. Relative RMSE "
-             "against an FP64 autograd reference on the GPU; in parentheses its ratio to the bf16 floor (the exact "
-             "answer rounded once to bf16). Made by `python -m turbopairformer.bench --trimul-accuracy N,...`.", "",
-             "| N | out | dz | worst weight gradient | status |", "|---|---|---|---|---|"]
+             "B=1, C = Ch = 128, outgoing, bf16 z ~ N(0, 1), bf16 weights at an initialisation scale "
+             "(matrices N(0, 1/fan_in), LayerNorm gains 1 + N(0, 0.01), biases N(0, 0.01)), 10% of pairs "
+             "masked, training path (the forward saves, the backward reads). Relative RMSE against an FP64 "
+             "autograd reference on the GPU; in parentheses its ratio to the bf16 floor (the exact answer "
+             "rounded once to bf16). Issue 5's target: every ratio <= 2. Made by "
+             "`python -m turbopairformer.bench --trimul-accuracy N,...`.", "",
+             "| N | out | dz | worst weight gradient | every ratio <= 2 |", "|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"| {r['N']} | — | — | — | {r.get('status', '')} |")
             continue
         f = lambda k: f"{r[k]['rel_rmse']:.2e} ({r[k]['ratio']:.2f})"
         worst = max((v["ratio"], k) for k, v in r.items() if k.startswith("d_"))
-        lines.append(f"| {r['N']} | {f('out')} | {f('dz')} | {worst[0]:.2f} ({worst[1]}) | ok |")
+        over = [f"{k} {v['ratio']:.2f}" for k, v in r.items() if isinstance(v, dict) and v["ratio"] > 2]
+        verdict = "yes" if not over else "no: " + ", ".join(over)
+        lines.append(f"| {r['N']} | {f('out')} | {f('dz')} | {worst[0]:.2f} ({worst[1]}) | {verdict} |")
     (out_dir / "trimul_accuracy.md").write_text("\n".join(lines) + "\n")
 
 

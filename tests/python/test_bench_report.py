@@ -92,7 +92,10 @@ def test_trimul_floor_table_on_cpu(tmp_path):
     assert all(abs(v["ratio"] - 1) < 0.05 for k, v in r.items() if isinstance(v, dict))
     bench.write_floor_table(rows, tmp_path, "Fake GPU")
     md = (tmp_path / "trimul_accuracy.md").read_text()
-    assert "| 5 |" in md and "ok |" in md
+    assert "| 5 |" in md and "| yes |" in md
+    r["dz"]["ratio"] = 2.5  # a ratio over the target is named in the verdict
+    bench.write_floor_table(rows, tmp_path, "Fake GPU")
+    assert "no: dz 2.50" in (tmp_path / "trimul_accuracy.md").read_text()
 
 
 def test_a_failing_case_is_recorded_and_the_run_goes_on():
