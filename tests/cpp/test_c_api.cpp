@@ -126,5 +126,33 @@ TEST(CApi, TrimulWorkspaceQuery) {
   EXPECT_NE(std::string(err).find("C=48"), std::string::npos) << err;
 }
 
+// The training buffer: its size from the shapes alone (the C ABI's query, used by the Python
+// op's fake implementation) equals the parameter query's; a call with a short or misaligned
+// buffer is refused naming it, before any GPU work (the pointers are never dereferenced).
+TEST(CApi, TrimulSavedBufferSizeAndRefusals) {
+  auto q = TrimulProblem::random(2, 9, 32, 64, 8, DType::kBF16, DType::kBF16);
+  TrimulForwardParams f = q.fwd();
+  size_t need = 0;
+  ASSERT_TRUE(trimul_saved_size(f, &need).ok());
+  EXPECT_EQ(tpf_trimul_saved_size(2, 9, 32, 64), need);  // B, N, C, Ch
+  EXPECT_GT(need, size_t{2 * 9 * 9 * (32 + 32) * 2});
+  EXPECT_EQ(tpf_trimul_saved_size(2, 0, 32, 64), 0u);
+  EXPECT_GT(tpf_trimul_saved_size(2, 10, 32, 64), need);
+  size_t plain = 0, saving = 0;
+  ASSERT_TRUE(trimul_forward_workspace_size(f, &plain).ok());
+  f.saved = reinterpret_cast<void*>(uintptr_t{1} << 41);
+  f.saved_bytes = need - 1;
+  ASSERT_TRUE(trimul_forward_workspace_size(f, &saving).ok());
+  EXPECT_LT(saving, plain);  // the saved set moves out of the workspace
+  void* ws = reinterpret_cast<void*>(uintptr_t{1} << 40);
+  Status st = trimul_forward(f, ws, saving, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'saved'"), std::string::npos) << st.message();
+  f.saved_bytes = need;
+  f.saved = static_cast<char*>(f.saved) + 16;
+  st = trimul_forward(f, ws, saving, nullptr);
+  EXPECT_NE(st.message().find("256-byte aligned"), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace tpf::test
