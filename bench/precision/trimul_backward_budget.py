@@ -109,7 +109,7 @@ def emulated(z, mask, w, dout, R):
     up = torch.cat([da, db], -1) * mask[..., None]
     dp_f, dg_f = up * sg, up * p * sg * (1 - sg)
     dlin_f = torch.cat([dp_f, dg_f, dgl_f], -1)
-    dlin = R["dlin"](dlin_f)
+    dlin = torch.cat([R["dlin_ab"](dlin_f[..., :4 * Ch]), R["dlin_gate"](dlin_f[..., 4 * Ch:])], -1)
     dxh_in = R["dxhat_in"]((dlin @ W_in) * w["gi"])
     dz = ln_hat_backward(dxh_in, xh_in, rs_in)
     # weight gradients from G = dlin^T xhat (bf16 operands) and fp32 column sums
@@ -137,29 +137,31 @@ def ratios(dz, grads, dz_x, grads_x):
 
 POINTS = {  # the t11 plan (backward recomputing the forward): where the kernels round, to what
     "xhat_in16": r_fp16, "w_fold16": r_fp16, "ab": r_bf, "ab_x": r_bf, "x": r_bf, "xhat_out16": r_fp16,
-    "gate_logit": r_fp16, "dy": r_hilo, "dxhat_out": ident, "dx": r_bf, "dlin": r_bf,
+    "gate_logit": r_fp16, "dy": r_hilo, "dxhat_out": ident, "dx": r_bf, "dlin_ab": r_bf, "dlin_gate": r_bf,
     "dxhat_in": ident, "xhat_in_bf": r_bf, "xhat_out_bf": r_bf,
 }
 SAVED = {"ab_x": r_fp16}
 VARIANTS = [  # (name, points made exact, points rounded as before t11[, points rounded otherwise])
     ("plan before t11 (bf16 d xhat and dy; H200 N=768: dz 2.24, weights <= 2.11)", [], ["dxhat_out", "dxhat_in", "dy"]),
     ("current plan, t11 (fp32 d xhat, dy hi/lo; H200 N=768: dz 1.88, weights <= 1.99)", [], []),
-    ("  + dlin hi/lo", ["dlin"], []),
+    ("  + dlin hi/lo", ["dlin_ab", "dlin_gate"], []),
     ("  + xhat_in hi/lo as the input-side weight-gradient operand", ["xhat_in_bf"], []),
-    ("  + both", ["dlin", "xhat_in_bf"], []),
+    ("  + both", ["dlin_ab", "dlin_gate", "xhat_in_bf"], []),
     ("  + dx hi/lo (doubles the transposed products)", ["dx"], []),
     ("  + recomputed a, b exact (fp32 a, b)", ["ab", "ab_x"], []),
     ("  + recomputed forward exact (a, b, x, fp16 operands, gate)",
      ["ab", "ab_x", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
     ("  + dlin, xhat_in, dx hi/lo and the forward exact",
-     ["dlin", "xhat_in_bf", "dx", "ab", "ab_x", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
+     ["dlin_ab", "dlin_gate", "xhat_in_bf", "dx", "ab", "ab_x", "x", "xhat_in16", "xhat_out16", "w_fold16", "gate_logit"], []),
     ("every intermediate exact (only the final rounding: expect ~1)", list(POINTS), []),
     # t12 on: the backward reads the forward's saved set, so x was made from fp16 a, b
     ("saved forward, t12 (x from the forward's fp16 a, b)", [], [], SAVED),
     ("  saved + xhat_in hi/lo as the input-side weight-gradient operand", ["xhat_in_bf"], [], SAVED),
-    ("  saved + dlin hi/lo", ["dlin"], [], SAVED),
+    ("  saved + dlin hi/lo", ["dlin_ab", "dlin_gate"], [], SAVED),
     ("  saved + dx hi/lo", ["dx"], [], SAVED),
-    ("  saved + dlin and xhat_in hi/lo", ["dlin", "xhat_in_bf"], [], SAVED),
+    ("  saved + dlin and xhat_in hi/lo", ["dlin_ab", "dlin_gate", "xhat_in_bf"], [], SAVED),
+    ("  t16 + dlin's a/b columns hi/lo (4Ch of 4Ch + C)", ["xhat_in_bf", "dlin_ab"], [], SAVED),
+    ("  t16 + dlin's gate columns hi/lo (C of 4Ch + C)", ["xhat_in_bf", "dlin_gate"], [], SAVED),
 ]
 WEIGHTS = ["Wp", "Wg", "Wgo", "Wz", "gi", "go"]
 
