@@ -132,7 +132,11 @@ def triangle_multiplicative_update(
         eps: float = 1e-5) -> torch.Tensor:
     """Triangle multiplicative update (DESIGN.md section 2), cuEquivariance's weight packing:
     p_in_weight = [Wap; Wbp] (2Ch x C), g_in_weight = [Wag; Wbg], p_out_weight = Wz (C x Ch),
-    g_out_weight = Wg (C x C); biases optional. x: [B, N, N, C] or [N, N, C]; mask: [B, N, N]."""
+    g_out_weight = Wg (C x C); biases optional. x: [B, N, N, C] or [N, N, C]; mask: [B, N, N].
+
+    When autograd will differentiate the call, the CUDA forward also keeps the intermediates its
+    backward needs (~2.3 KB per pair at C = Ch = 128) so that the backward does not recompute
+    the forward; under torch.no_grad() (or with nothing requiring grad) it keeps nothing."""
     if direction not in _DIRECTIONS:
         raise ValueError(f"turbopairformer: argument 'direction': expected 'outgoing' or "
                          f"'incoming', got {direction!r}")
