@@ -33,10 +33,11 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   return launch_long_k<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
-// G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows (K = M: a long-K product).
-cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const void* X,
-                            int64_t cols, const WgradSplit& split, float* part, cudaStream_t s) {
-  const Operand A{dY, rows, 0, d.M(), rows}, B{X, cols, 0, d.M(), cols};
+// G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows (K = M: a long-K product);
+// X's rows are x_ld apart (its first `cols` columns are read).
+cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const void* X, int64_t cols,
+                            int64_t x_ld, const WgradSplit& split, float* part, cudaStream_t s) {
+  const Operand A{dY, rows, 0, d.M(), rows}, B{X, x_ld, 0, d.M(), cols};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
   return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), d.M(), split.chunk},
                                                   static_cast<int>(split.parts), epi, s);
@@ -79,7 +80,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess)
       return e;
   }
-  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, ws.split_out, ws.part_out, fork.side())) != cudaSuccess ||
+  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, d.Ch, ws.split_out, ws.part_out, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
   // dy is dead: db may take its region (and da d xhat's).
@@ -94,8 +95,11 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz (fused likewise);
   // beside it dW_in.
   if ((e = fork.begin()) != cudaSuccess) return e;
-  const Operand dlin_rows = pixel_rows(ws.dlin, d, P), wcat_n = Operand{ws.wcat_raw, d.C, 0, P, d.C};
-  const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), P, 0};
+  // K = P + 4Ch: dlin's high parts against every row of Wcat, its a/b low parts against the a/b
+  // rows again, so dlin's rounding does not reach dz.
+  const int64_t PL = d.dlin_cols();
+  const Operand dlin_rows = pixel_rows(ws.dlin, d, PL), wcat_n = Operand{ws.wcat_raw, d.C, 0, PL, d.C};
+  const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), PL, 0};
   if (fused_norm_in(d)) {
     const NormRowsBackwardEpilogue fused{d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz};
     if ((e = launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, fused, s)) != cudaSuccess) return e;
@@ -107,7 +111,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   }
   // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
   // two): xhat_in's bf16 rounding no longer reaches the input-side weight gradients.
-  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, ws.dlin, P, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
+  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, ws.dlin, P, PL, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
   if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;

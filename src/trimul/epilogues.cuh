@@ -249,12 +249,12 @@ struct OutGradEpilogue {
   const __half* gate;   // [M][C] logit
   PairRef dout;         // bf16
   T* dy;              // [M][2C]: high parts, then low parts
-  T* dlin;            // [M][4Ch + C]
+  T* dlin;            // [M][P + 4Ch] (workspace.h)
   float* colsum_dy;   // [m-tiles][C]
   float* colsum_lin;  // [m-tiles][4Ch + C]
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const auto* go = static_cast<const __nv_bfloat16*>(dout.ptr);
-    const int64_t ldl = d.proj_cols(), gcol = 4 * d.Ch;
+    const int64_t ldl = d.dlin_cols(), gcol = 4 * d.Ch, lds = d.proj_cols();
     row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(dout, m0 + r, d.N) : 0; });
     const VecWalk<8> w;
     const int c = n0 + w.col();
@@ -299,7 +299,7 @@ struct OutGradEpilogue {
     const float tdy = vector_column_sums(t, w, sum_dy);
     if (threadIdx.x < Cfg::kBlockN && cn < d.C) colsum_dy[mt * d.C + cn] = tdy;
     const float tdg = vector_column_sums(t, w, sum_dg);
-    if (threadIdx.x < Cfg::kBlockN && cn < d.C) colsum_lin[mt * ldl + gcol + cn] = tdg;
+    if (threadIdx.x < Cfg::kBlockN && cn < d.C) colsum_lin[mt * lds + gcol + cn] = tdg;
   }
 };
 
@@ -312,7 +312,7 @@ struct ProjectBackwardEpilogue {
   const float* bias;
   MaskRef mask;
   const float *da, *db;  // channel-major
-  T* dlin;            // [M][4Ch + C]
+  T* dlin;            // [M][P + 4Ch]: high parts at the weight's columns, low parts at P + column
   float* colsum_lin;  // [m-tiles][4Ch + C]
 
   // da/db of the tile's 64 channels x 128 pixels into the extra area as [64][128] fp32 while
@@ -335,8 +335,8 @@ struct ProjectBackwardEpilogue {
   }
 
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
-    const int64_t M = d.M(), ldl = d.proj_cols();
-    const float* bs = stage_bias(t, bias, n0, static_cast<int>(ldl));  // [128] this tile's
+    const int64_t M = d.M(), lds = d.proj_cols(), ldl = d.dlin_cols();
+    const float* bs = stage_bias(t, bias, n0, static_cast<int>(lds));  // [128] this tile's
     {
       const int r = threadIdx.x % Cfg::kBlockM;
       const int64_t m = m0 + r;
@@ -385,14 +385,18 @@ struct ProjectBackwardEpilogue {
 #pragma unroll 2
     for (int k = 0; k < w.kItems; ++k) {
       const int64_t m = m0 + w.row(k);
-      float v[8];  // [column]
+      float v[8], lo[8];  // [column] value, what its bf16 high part leaves
       w.read(t, k, v);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum[e] += v[e];
-      if (m < M) *reinterpret_cast<uint4*>(dlin + m * ldl + n0 + w.col()) = pack16<T>(v);
+      for (int e = 0; e < 8; ++e) sum[e] += v[e], lo[e] = v[e] - dev::to_float(dev::from_float<T>(v[e]));
+      if (m < M) {
+        T* row = dlin + m * ldl + n0 + w.col();
+        *reinterpret_cast<uint4*>(row) = pack16<T>(v);
+        *reinterpret_cast<uint4*>(row + lds) = pack16<T>(lo);
+      }
     }
     const float tot = vector_column_sums(t, w, sum);
-    if (threadIdx.x < Cfg::kBlockN) colsum_lin[(m0 / Cfg::kBlockM) * ldl + n0 + threadIdx.x] = tot;
+    if (threadIdx.x < Cfg::kBlockN) colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] = tot;
   }
 };
 

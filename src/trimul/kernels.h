@@ -26,7 +26,9 @@ struct WeightSet {
 // epilogue, not a tensor-core operand), as are d xhat_in and d xhat_out: the LayerNorm
 // backward reads them unrounded (a bf16 d xhat cost ~0.4x the floor on dz); dy is stored as a
 // bf16 high/low pair, so its two products (d xhat_out and dWz) see it to ~16 bits, and so is
-// xhat_in as the input-side weight-gradient operand (N = 384's d Wg_in was 2.15x the floor).
+// xhat_in as the input-side weight-gradient operand (N = 384's d Wg_in was 2.15x the floor), and
+// dlin's a/b columns for the d xhat_in product (their bf16 rounding held dz at 2.0x the floor
+// with weights at an initialisation scale; the CPU emulation predicts 1.76x).
 
 struct Problem {
   Dims d;
@@ -39,7 +41,9 @@ struct Problem {
 
 // Folds LayerNorm_in's gamma into the concatenated input weight [4Ch + C][C] (row order in
 // epilogues.cuh) and beta into its bias; likewise LayerNorm_out into Wz [C][Ch].
-// wcat, wz fp16 (folded); wcat_raw, wz_raw (optional) bf16 copies of the unfolded weights.
+// wcat, wz fp16 (folded); wcat_raw, wz_raw (optional) bf16 copies of the unfolded weights, each
+// with the rows that meet a low part again after it (wcat_raw: the 4Ch a/b rows, [4Ch + C + 4Ch][C];
+// wz_raw: all of Wz, [2C][Ch]).
 cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
                          void* wcat_raw, void* wz_raw, cudaStream_t s);
 // LayerNorm statistics and the normalised rows (no affine: it is folded into the weights), in

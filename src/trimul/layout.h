@@ -27,6 +27,7 @@ struct Dims {
   TPF_HD int64_t plane() const { return N * Np; }     // one channel-major matrix
   TPF_HD int64_t cm_elems() const { return B * Ch * plane(); }
   TPF_HD int64_t proj_cols() const { return 4 * Ch + C; }  // [a/b projections and gates; out gate]
+  TPF_HD int64_t dlin_cols() const { return proj_cols() + 4 * Ch; }  // + the a/b columns' low parts
 };
 
 // A pixel-major tensor with arbitrary b, i, j strides (channel stride 1): z, out, dout, dz.

@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(kThreads)
     dst[c] = __float2half_rn(w * weight_at(gamma, 0, c));
     if (raw) raw[row * K + c] = __float2bfloat16_rn(w);
     if (raw && !in) raw[(row + d.C) * K + c] = __float2bfloat16_rn(w);  // Wz again: dy's low parts
+    if (raw && in && row < 4 * d.Ch) raw[(row + ncat) * K + c] = __float2bfloat16_rn(w);  // a/b rows again: dlin's low parts
     b += w * weight_at(beta, 0, c);
   }
 #pragma unroll

@@ -51,9 +51,9 @@ struct Workspace {
   void* xhat_out_bf = nullptr;                  // bf16 copy (weight-gradient operand)
   float *mean_out = nullptr, *rstd_out = nullptr;  // [M]
   // Backward only.
-  void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights (wz_raw twice: [2C][Ch])
+  void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights ([P + 4Ch][C], [2C][Ch]: kernels.h)
   void* dy = nullptr;                           // [M][2C] bf16: dy's high parts, then its low parts
-  void* dlin = nullptr;                         // [M][4Ch + C]
+  void* dlin = nullptr;                         // [M][P + 4Ch]: all P = 4Ch + C columns, then the a/b columns' low parts
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
@@ -159,7 +159,7 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.bcat = a.take_f32(P);
   w.wz = a.take(d.C * d.Ch, 2);
   w.bz = a.take_f32(d.C);
-  w.wcat_raw = a.take(P * d.C, 2);
+  w.wcat_raw = a.take((P + 4 * d.Ch) * d.C, 2);
   w.wz_raw = a.take(2 * d.C * d.Ch, 2);
   if (from_saved) {
     Arena sa(saved);
@@ -178,7 +178,7 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.da = static_cast<float*>(r1);
   w.dy = r2;
   w.db = static_cast<float*>(r2);
-  w.dlin = a.take(M * P, 2);
+  w.dlin = a.take(M * d.dlin_cols(), 2);
   w.dx = a.take(d.cm_elems(), 2);
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
