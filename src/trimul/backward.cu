@@ -72,7 +72,8 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   const GemmShape dxhat_out_shape{M, static_cast<int>(d.Ch), 2 * d.C, 0};
   if (fused_norm_out(d)) {
     const NormChannelMajorBackwardEpilogue fused{d, p.w.w[kNormOutW], ws.mean_out, ws.rstd_out,
-                                                 static_cast<const T*>(ws.x), static_cast<T*>(ws.dx)};
+                                                 static_cast<const T*>(ws.x), static_cast<T*>(ws.dx),
+                                                 ws.norm_out_part};
     if ((e = launch_long_k<T, Major::kK, Major::kMN>(dy_rows, wz_n, dxhat_out_shape, 1, fused, s)) != cudaSuccess) return e;
   } else {
     const StoreEpilogue<float> to_dxhat_out{ws.dxhat, d.Ch, 0, M, d.Ch, p.w.w[kNormOutW]};
@@ -101,7 +102,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   const Operand dlin_rows = pixel_rows(ws.dlin, d, PL), wcat_n = Operand{ws.wcat_raw, d.C, 0, PL, d.C};
   const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), PL, 0};
   if (fused_norm_in(d)) {
-    const NormRowsBackwardEpilogue fused{d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz};
+    const NormRowsBackwardEpilogue fused{d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz, ws.norm_in_part};
     if ((e = launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, fused, s)) != cudaSuccess) return e;
   } else {
     const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
@@ -118,7 +119,12 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_dy, d.C, mt, ws.s_out, s)) != cudaSuccess) return e;
-  return finalize_weight_grads(p, ws.g_in, ws.s_in, ws.g_out, ws.s_out, s);
+  const bool in_fused = fused_norm_in(d), out_fused = fused_norm_out(d);
+  if ((in_fused && (e = sum_partials(ws.norm_in_part, 2 * d.C, mt, ws.norm_in, s)) != cudaSuccess) ||
+      (out_fused && (e = sum_partials(ws.norm_out_part, 2 * d.Ch, mt, ws.norm_out, s)) != cudaSuccess))
+    return e;
+  return finalize_weight_grads(p, ws.g_in, ws.s_in, ws.g_out, ws.s_out, in_fused ? ws.norm_in : nullptr,
+                               out_fused ? ws.norm_out : nullptr, s);
 }
 
 }  // namespace tpf::trimul

@@ -64,8 +64,11 @@ cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float*
                          cudaStream_t s);
 // Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][4Ch + C]), S_in =
 // colsum(dlin), G_out = dyᵀ xhat_out ([C][Ch]), S_out = colsum(dy).
+// norm_in / norm_out (nullable): the LayerNorms' [d gamma | d beta] summed directly (2W floats),
+// which replace the ones derived from G and S.
 cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* s_in,
-                                  const float* g_out, const float* s_out, cudaStream_t s);
+                                  const float* g_out, const float* s_out, const float* norm_in,
+                                  const float* norm_out, cudaStream_t s);
 
 }  // namespace tpf::trimul
 

@@ -2,7 +2,10 @@
 // d xhat = dY Wᵀ (times gamma): when one 128-column tile holds whole rows (W <= kBlockN), the
 // tile's rows give d x = rstd (g - mean(g) - xhat mean(g xhat)) with g = d xhat * gamma
 // directly, and d xhat never goes to device memory (it used to be written in fp32 and read
-// back by a row kernel: 2 x 4 bytes per element of traffic and a launch saved).
+// back by a row kernel: 2 x 4 bytes per element of traffic and a launch saved). The same pass
+// sums the LayerNorm parameters' gradients, d gamma = sum d xhat * xhat and d beta = sum d xhat,
+// per tile from the fp32 d xhat: taken through the folded weights' G (sum_o W[o][c] G[o][c]),
+// they lost digits to the cancellation in that sum (d gamma_in was the worst weight gradient).
 //
 // Rows are walked as in the row kernels (row_math.cuh): 8 lanes per row, 32 groups over the
 // tile's 128 rows, group q taking rows q, q + 32, q + 64, q + 96. The tile reads at(r, 4 (l8 +
@@ -31,13 +34,42 @@ struct NormRowWalk {
       for (int e = 0; e < 4; ++e) gm[4 * u + e] = u < W / 32 ? weight_at(gamma, 0, channel(u) + e) : 0.f;
   }
   // g = tile row r * gamma, then d x in place (xh: the row's xhat at this lane's channels).
+  // Also accumulates the LayerNorm parameters' gradients over the lane's rows: d gamma += d xhat
+  // * xhat and d beta += d xhat, with d xhat the tile's value (before gamma).
   __device__ void backward(const EpiTile& t, int r, const float (&gm)[kVals], const float (&xh)[kVals],
-                           float (&g)[kVals], int W, float rstd) const {
+                           float (&g)[kVals], int W, float rstd, float (&dgamma)[kVals],
+                           float (&dbeta)[kVals]) const {
 #pragma unroll
     for (int u = 0; u < kUnits; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) g[4 * u + e] = u < W / 32 ? t.at(r, channel(u) + e) * gm[4 * u + e] : 0.f;
+      for (int e = 0; e < 4; ++e) {
+        const float v = u < W / 32 ? t.at(r, channel(u) + e) : 0.f;
+        dgamma[4 * u + e] += v * xh[4 * u + e];
+        dbeta[4 * u + e] += v;
+        g[4 * u + e] = v * gm[4 * u + e];
+      }
     rows::norm_backward(g, xh, W, rstd);
+  }
+  // The tile's column totals of d gamma and d beta, summed over the 32 row groups in order
+  // through `red` (2 x 32 x 128 floats: the extra area), into out[0, W) and out[W, 2W) (the
+  // tile's slot of [m-tiles][2W] partials). Every thread must call it; synchronises.
+  __device__ void column_totals(float* red, const float (&dgamma)[kVals], const float (&dbeta)[kVals], int W,
+                                float* out) const {
+    static_assert(2 * kGroups * Cfg::kBlockN * 4 <= Cfg::kEpiExtraBytes, "fits the extra area");
+    static_assert(Cfg::kThreads == 2 * Cfg::kBlockN, "one thread per (quantity, channel)");
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        red[grp * Cfg::kBlockN + channel(u) + e] = dgamma[4 * u + e];
+        red[(kGroups + grp) * Cfg::kBlockN + channel(u) + e] = dbeta[4 * u + e];
+      }
+    __syncthreads();
+    const int q = threadIdx.x / Cfg::kBlockN, c = threadIdx.x % Cfg::kBlockN;
+    float sum = 0.f;
+#pragma unroll 8
+    for (int k = 0; k < kGroups; ++k) sum += red[(q * kGroups + k) * Cfg::kBlockN + c];
+    if (c < W) out[q * W + c] = sum;
   }
 };
 
@@ -54,6 +86,7 @@ struct NormRowsBackwardEpilogue {
   WeightRef gamma;  // [C]
   const float *mean, *rstd;
   PairRef z, dz;    // bf16
+  float* param_part;  // [m-tiles][2C]: d gamma then d beta of the tile's rows
   __device__ void operator()(const EpiTile& t, int64_t m0, int, int) const {
     const NormRowWalk w;
     const int W = static_cast<int>(d.C);
@@ -62,36 +95,44 @@ struct NormRowsBackwardEpilogue {
     const auto* zp = static_cast<const __nv_bfloat16*>(z.ptr);
     auto* dzp = static_cast<__nv_bfloat16*>(dz.ptr);
     constexpr int kR = NormRowWalk::kRows, kU = NormRowWalk::kUnits;
-    // All of the group's z rows and statistics in flight before the first use: one dependent
-    // load per row at a time left the epilogue latency-bound.
-    uint2 zr[kR][kU];  // [row k][unit] 4 raw bf16 channels
-    float mu[kR], rs[kR];
+    // Rows in pairs, each pair's z rows and statistics in flight before their first use (one
+    // dependent load per row at a time left the epilogue latency-bound; all four rows at once
+    // spilled beside the parameter-gradient sums).
+    constexpr int kB = 2;
+    float dgamma[NormRowWalk::kVals] = {}, dbeta[NormRowWalk::kVals] = {};  // over the lane's rows
 #pragma unroll
-    for (int k = 0; k < kR; ++k) {
-      const int64_t m = m0 + w.row(k);
-      const bool in = m < d.M();
-      const __nv_bfloat16* src = zp + (in ? pair_offset(z, m, d.N) : 0);
-      mu[k] = in ? mean[m] : 0.f, rs[k] = in ? rstd[m] : 0.f;
+    for (int k0 = 0; k0 < kR; k0 += kB) {
+      uint2 zr[kB][kU];  // [row][unit] 4 raw bf16 channels
+      float mu[kB], rs[kB];
 #pragma unroll
-      for (int u = 0; u < kU; ++u) zr[k][u] = in && u < W / 32 ? load4_raw(src + w.channel(u)) : make_uint2(0, 0);
-    }
+      for (int k = 0; k < kB; ++k) {
+        const int64_t m = m0 + w.row(k0 + k);
+        const bool in = m < d.M();
+        const __nv_bfloat16* src = zp + (in ? pair_offset(z, m, d.N) : 0);
+        mu[k] = in ? mean[m] : 0.f, rs[k] = in ? rstd[m] : 0.f;
 #pragma unroll
-    for (int k = 0; k < kR; ++k) {
-      const int64_t m = m0 + w.row(k);
-      float xh[NormRowWalk::kVals], g[NormRowWalk::kVals];  // rows past M: zeros, join the shuffles
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const float2 lo = dev::pair_to_float2<__nv_bfloat16>(zr[k][u].x), hi = dev::pair_to_float2<__nv_bfloat16>(zr[k][u].y);
-        xh[4 * u] = (lo.x - mu[k]) * rs[k], xh[4 * u + 1] = (lo.y - mu[k]) * rs[k];
-        xh[4 * u + 2] = (hi.x - mu[k]) * rs[k], xh[4 * u + 3] = (hi.y - mu[k]) * rs[k];
+        for (int u = 0; u < kU; ++u) zr[k][u] = in && u < W / 32 ? load4_raw(src + w.channel(u)) : make_uint2(0, 0);
       }
-      w.backward(t, w.row(k), gm, xh, g, W, rs[k]);
-      if (m >= d.M()) continue;
-      __nv_bfloat16* dst = dzp + pair_offset(dz, m, d.N);
 #pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (u < W / 32) rows::store4(dst + w.channel(u), g + 4 * u, rows::aligned8(dst));
+      for (int k = 0; k < kB; ++k) {
+        const int64_t m = m0 + w.row(k0 + k);
+        float xh[NormRowWalk::kVals], g[NormRowWalk::kVals];  // rows past M: zeros, join the shuffles
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const float2 lo = dev::pair_to_float2<__nv_bfloat16>(zr[k][u].x),
+                       hi = dev::pair_to_float2<__nv_bfloat16>(zr[k][u].y);
+          xh[4 * u] = (lo.x - mu[k]) * rs[k], xh[4 * u + 1] = (lo.y - mu[k]) * rs[k];
+          xh[4 * u + 2] = (hi.x - mu[k]) * rs[k], xh[4 * u + 3] = (hi.y - mu[k]) * rs[k];
+        }
+        w.backward(t, w.row(k0 + k), gm, xh, g, W, rs[k], dgamma, dbeta);
+        if (m >= d.M()) continue;
+        __nv_bfloat16* dst = dzp + pair_offset(dz, m, d.N);
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          if (u < W / 32) rows::store4(dst + w.channel(u), g + 4 * u, rows::aligned8(dst));
+      }
     }
+    w.column_totals(static_cast<float*>(t.extra), dgamma, dbeta, W, param_part + (m0 / Cfg::kBlockM) * 2 * W);
   }
 };
 
@@ -106,6 +147,7 @@ struct NormChannelMajorBackwardEpilogue {
   const float *mean, *rstd;
   const __nv_bfloat16* x;
   __nv_bfloat16* dx;
+  float* param_part;  // [m-tiles][2Ch]: d gamma then d beta of the tile's rows
   static constexpr int kGroups8 = Cfg::kBlockM / 8;  // 8-pixel groups of the tile
 
   __device__ static int swizzled(int c, int p) { return c * Cfg::kBlockM + (p ^ (((c >> 2) & 7) << 3)); }
@@ -134,6 +176,7 @@ struct NormChannelMajorBackwardEpilogue {
     const NormRowWalk w;
     float gm[NormRowWalk::kVals];  // [4u + e]
     w.load_gamma(gm, gamma, W);
+    float dgamma[NormRowWalk::kVals] = {}, dbeta[NormRowWalk::kVals] = {};  // over the lane's rows
 #pragma unroll
     for (int k = 0; k < NormRowWalk::kRows; ++k) {
       const int r = w.row(k);
@@ -146,7 +189,7 @@ struct NormChannelMajorBackwardEpilogue {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           if (in && u < W / 32) xh[4 * u + e] = (__bfloat162float(xs[swizzled(w.channel(u) + e, r)]) - mu) * rs;
-      w.backward(t, r, gm, xh, g, W, rs);
+      w.backward(t, r, gm, xh, g, W, rs, dgamma, dbeta);
       // d x replaces the gradient in place: only this lane reads these elements before the sync.
 #pragma unroll
       for (int u = 0; u < NormRowWalk::kUnits; ++u)
@@ -154,7 +197,8 @@ struct NormChannelMajorBackwardEpilogue {
         for (int e = 0; e < 4; ++e)
           if (u < W / 32) t.at(r, w.channel(u) + e) = g[4 * u + e];
     }
-    __syncthreads();
+    __syncthreads();  // x's staging is dead: the extra area takes the column totals' reduction
+    w.column_totals(static_cast<float*>(t.extra), dgamma, dbeta, W, param_part + (m0 / Cfg::kBlockM) * 2 * W);
     // Store: a warp takes 8 channels x 4 pixel groups (lane = 4 channel + group): reads
     // at(8 q + e, c) hit banks 8 q + c + e, distinct over the warp; each channel gets 64
     // contiguous bytes. Every thread keeps one pixel group, so its offset is computed once.

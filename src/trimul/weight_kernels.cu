@@ -108,12 +108,22 @@ __global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const 
 // d gamma[c] = sum_o W[o][c] G[o][c], d beta[c] = sum_o W[o][c] S[o] over every row o that
 // reads the normalised input (both LayerNorms). One block per channel: each thread sums a
 // strided subset of rows, then a fixed-shape tree combines them (deterministic).
+// Where the LayerNorm backward ran in its product's epilogue, its direct totals
+// (norm_in / norm_out: [d gamma | d beta], 2W floats) are used instead.
 __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const float* g_in,
-                                     const float* s_in, const float* g_out, const float* s_out) {
+                                     const float* s_in, const float* g_out, const float* s_out,
+                                     const float* norm_in, const float* norm_out) {
   __shared__ float red[2][kThreads];
   const int t = blockIdx.x;
   const bool in = t < d.C;
   const int c = in ? t : t - static_cast<int>(d.C);
+  const WeightRef &dgamma = dws.w[in ? kNormInW : kNormOutW], &dbe = dws.w[in ? kNormInB : kNormOutB];
+  if (const float* direct = in ? norm_in : norm_out) {
+    const int W = static_cast<int>(in ? d.C : d.Ch);
+    if (threadIdx.x == 0 && dgamma.ptr) store_any(dgamma, c, direct[c]);
+    if (threadIdx.x == 0 && dbe.ptr) store_any(dbe, c, direct[W + c]);
+    return;
+  }
   const int K = static_cast<int>(in ? d.C : d.Ch);
   const int rows = static_cast<int>(in ? d.proj_cols() : d.C);
   float dg = 0.f, dbeta = 0.f;
@@ -133,7 +143,6 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
     }
   }
   if (threadIdx.x != 0) return;
-  const WeightRef &dgamma = dws.w[in ? kNormInW : kNormOutW], &dbe = dws.w[in ? kNormInB : kNormOutB];
   if (dgamma.ptr) store_any(dgamma, c, red[0][0]);
   if (dbe.ptr) store_any(dbe, c, red[1][0]);
 }
@@ -159,9 +168,11 @@ cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float*
 }
 
 cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* s_in,
-                                  const float* g_out, const float* s_out, cudaStream_t s) {
+                                  const float* g_out, const float* s_out, const float* norm_in,
+                                  const float* norm_out, cudaStream_t s) {
   finalize_rows_kernel<<<blocks(p.d.proj_cols() + p.d.C), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out, s_out);
-  finalize_norm_kernel<<<static_cast<unsigned>(p.d.C + p.d.Ch), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out, s_out);
+  finalize_norm_kernel<<<static_cast<unsigned>(p.d.C + p.d.Ch), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out,
+                                                                                 s_out, norm_in, norm_out);
   return cudaGetLastError();
 }
 

@@ -60,6 +60,8 @@ struct Workspace {
   float *colsum_dy = nullptr, *colsum_lin = nullptr;  // [m-tiles][C], [m-tiles][4Ch + C]
   float *part_in = nullptr, *part_out = nullptr;      // weight-gradient partials
   float *g_in = nullptr, *g_out = nullptr, *s_in = nullptr, *s_out = nullptr;
+  float *norm_in_part = nullptr, *norm_out_part = nullptr;  // [m-tiles][2C], [m-tiles][2Ch]
+  float *norm_in = nullptr, *norm_out = nullptr;            // [2C], [2Ch]: d gamma | d beta
   WgradSplit split_in{}, split_out{};
   size_t bytes = 0;        // of the workspace
   size_t saved_bytes = 0;  // of the saved set
@@ -190,6 +192,10 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.g_out = a.take_f32(d.C * d.Ch);
   w.s_in = a.take_f32(P);
   w.s_out = a.take_f32(d.C);
+  w.norm_in_part = a.take_f32(mt * 2 * d.C);
+  w.norm_out_part = a.take_f32(mt * 2 * d.Ch);
+  w.norm_in = a.take_f32(2 * d.C);
+  w.norm_out = a.take_f32(2 * d.Ch);
   w.bytes = a.bytes();
   return w;
 }

@@ -55,7 +55,10 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"part_in", w.part_in, w.split_in.parts * 2 * d.C * P * 4, false},
       {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4, false},
       {"g_in", w.g_in, P * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
-      {"s_in", w.s_in, P * 4, false}, {"s_out", w.s_out, d.C * 4, false}};
+      {"s_in", w.s_in, P * 4, false}, {"s_out", w.s_out, d.C * 4, false},
+      {"norm_in_part", w.norm_in_part, mt * 2 * d.C * 4, false},
+      {"norm_out_part", w.norm_out_part, mt * 2 * d.Ch * 4, false},
+      {"norm_in", w.norm_in, 2 * d.C * 4, false}, {"norm_out", w.norm_out, 2 * d.Ch * 4, false}};
   b.insert(b.end(), more.begin(), more.end());
   return b;
 }
