@@ -304,19 +304,27 @@ struct OutGradEpilogue {
 };
 
 // Input projection, backward (a/b columns only): from the recomputed p, g and the upstream da
-// (db), d p = da * sigmoid(g) * mask and d g = da * p * mask * s (1 - s), written pixel-major at
-// the same columns as the concatenated weight, plus per-tile column sums.
+// (db), d p = da * sigmoid(g) * mask and d g = da * p * mask * s (1 - s), written pixel-major in
+// dlin's a/b column order (dlin_order.h) as bf16 high and low parts, plus per-tile column sums.
+// It works on the accumulators in registers: its B operand (wcat_pg) puts each channel's
+// projection and gate in neighbouring columns, i.e. in one thread's C fragment. (Staging the
+// tile through shared memory made it shared-memory-instruction bound: ~350 shared accesses per
+// thread per tile, MIO throttle the top stall at 1.6 TB/s.)
 template <class T>
 struct ProjectBackwardEpilogue {
   Dims d;
-  const float* bias;
+  const float* bias;     // [4Ch + C] in wcat's (forward) order
   MaskRef mask;
   const float *da, *db;  // channel-major
-  T* dlin;            // [M][P + 4Ch]: high parts at the weight's columns, low parts at P + column
-  float* colsum_lin;  // [m-tiles][4Ch + C]
+  T* dlin;               // [M][P + 4Ch]: high parts, then the a/b columns' low parts at P + column
+  float* colsum_lin;     // [m-tiles][4Ch + C]
 
-  // da/db of the tile's 64 channels x 128 pixels into the extra area as [64][128] fp32 while
-  // the product runs (N % 8 == 0: 4-pixel chunks are 16-byte aligned and inside one batch).
+  // The prefetched da/db tile: [64 channels][128 pixels] fp32, the 16-byte chunk k of channel
+  // c's row at k ^ 2 (c % 4): a warp's reads (4 channels x 8 pixels) then hit 32 banks.
+  __device__ static int pre_index(int c, int r) { return c * Cfg::kBlockM + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3); }
+
+  // da/db of the tile's 64 channels x 128 pixels into the extra area while the product runs
+  // (N % 8 == 0: 4-pixel chunks are 16-byte aligned and inside one batch).
   __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
     if (d.N % 8 != 0) return false;
     const int q = threadIdx.x % 32;  // 4-pixel chunk
@@ -329,74 +337,79 @@ struct ProjectBackwardEpilogue {
     for (int i = 0; i < 64 / (Cfg::kThreads / 32); ++i) {
       const int c = static_cast<int>(threadIdx.x / 32) + (Cfg::kThreads / 32) * i, ch = cb + c;
       const float* src = (ch < Ch ? da + ch * plane : db + (ch - Ch) * plane) + base;
-      dev::cp_async_16(s + (c * Cfg::kBlockM + 4 * q) * 4, src, in);  // out of range: zero fill
+      dev::cp_async_16(s + pre_index(c, 4 * q) * 4, src, in);  // out of range: zero fill
     }
     return true;
   }
 
-  __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
-    const int64_t M = d.M(), lds = d.proj_cols(), ldl = d.dlin_cols();
-    const float* bs = stage_bias(t, bias, n0, static_cast<int>(lds));  // [128] this tile's
-    {
-      const int r = threadIdx.x % Cfg::kBlockM;
-      const int64_t m = m0 + r;
-      const float mk = m < M ? mask_at(mask, m, d.N) : 0.f;
-      const int64_t base = m < M ? cm_offset(d, m, 0) : 0, plane = d.plane();
-      const int Ch = static_cast<int>(d.Ch);
-      constexpr int kStep = Cfg::kThreads / Cfg::kBlockM, kPer = 64 / kStep;
-      const int c0 = threadIdx.x / Cfg::kBlockM;
-      float ups[kPer];  // [channels of this thread] da/db at its pixel: loads in flight together
-      // The tile's 64 channels lie on one side (da or db) unless Ch is an odd multiple of 32:
-      // then one pointer and a fixed stride serve every load.
-      const int cb = n0 / 2;
-      const float* up = (cb < Ch ? da + cb * plane : db + (cb - Ch) * plane) + c0 * plane + base;
-      if (t.prefetched) {
-        const float* pre = static_cast<const float*>(t.extra);  // [64][128]: banks = r % 32
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) ups[i] = pre[(c0 + i * kStep) * Cfg::kBlockM + r];
-      } else if (cb + 64 <= Ch || cb >= Ch) {
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) ups[i] = m < M ? up[i * kStep * plane] : 0.f;
-      } else {
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int ch = cb + c0 + i * kStep;
-          ups[i] = m < M ? (ch < Ch ? da + ch * plane : db + (ch - Ch) * plane)[base] : 0.f;
-        }
-      }
-      if (m < M) {  // one branch per thread, not per element
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int c = c0 + i * kStep;
-          const float p = t.at(r, c) + bs[c], g = t.at(r, 64 + c) + bs[64 + c];
-          const float up = ups[i] * mk;
-          const float s = sigmoid(g);
-          t.at(r, c) = up * s;
-          t.at(r, 64 + c) = up * p * s * (1.f - s);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) t.at(r, c0 + i * kStep) = t.at(r, 64 + c0 + i * kStep) = 0.f;
-      }
+  // Thread (g, t) of the warp at (wm, wn) holds, for rows wm + 16 mi + g (+ 8), the projection
+  // and gate logits of channels n0 / 2 + wn / 2 + 4 n + t (n < 4): acc[mi][n][0, 1] (rows + 8:
+  // [2, 3]).
+  __device__ void fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
+    const int64_t M = d.M(), ldl = d.dlin_cols(), lds = d.proj_cols(), plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    float* row_mask = t.scratch;  // [128] the mask at each row (0 past M)
+    if (threadIdx.x < Cfg::kBlockM) {
+      const int64_t m = m0 + threadIdx.x;
+      row_mask[threadIdx.x] = m < M ? mask_at(mask, m, d.N) : 0.f;
+      if (!t.prefetched) t.rows[threadIdx.x] = m < M ? cm_offset(d, m, 0) : -1;
     }
     __syncthreads();
-    const VecWalk<8> w;
-    float sum[8] = {};  // [column] over this lane's rows (rows past M hold zeros)
-#pragma unroll 2
-    for (int k = 0; k < w.kItems; ++k) {
-      const int64_t m = m0 + w.row(k);
-      float v[8], lo[8];  // [column] value, what its bf16 high part leaves
-      w.read(t, k, v);
+    float bp[kFragNi], bg[kFragNi];    // [n8 tile] this thread's channels' projection and gate biases
+    const float* up_src[kFragNi];      // [n8 tile] its channel's da or db plane
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum[e] += v[e], lo[e] = v[e] - dev::to_float(dev::from_float<T>(v[e]));
-      if (m < M) {
-        T* row = dlin + m * ldl + n0 + w.col();
-        *reinterpret_cast<uint4*>(row) = pack16<T>(v);
-        *reinterpret_cast<uint4*>(row + lds) = pack16<T>(lo);
-      }
+    for (int n = 0; n < kFragNi; ++n) {
+      const int i = wn / 2 + 4 * n + tq, ch = n0 / 2 + i;
+      bp[n] = bias[n0 + i];
+      bg[n] = bias[n0 + 64 + i];
+      up_src[n] = ch < Ch ? da + ch * plane : db + (ch - Ch) * plane;
     }
-    const float tot = vector_column_sums(t, w, sum);
-    if (threadIdx.x < Cfg::kBlockN) colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] = tot;
+    const float* pre = static_cast<const float*>(t.extra);
+    float sum[2 * kFragNi] = {};  // [column of the 16-byte group] over this thread's rows
+#pragma unroll
+    for (int mi = 0; mi < kFragMi; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm + 16 * mi + g + 8 * h;
+        const int64_t m = m0 + r;
+        const float mk = row_mask[r];
+        float v[2 * kFragNi], lo[2 * kFragNi];  // [2 n + e] the group's values; their low parts
+#pragma unroll
+        for (int n = 0; n < kFragNi; ++n) {
+          const int i = wn / 2 + 4 * n + tq;
+          float up;
+          if (t.prefetched) {
+            up = pre[pre_index(i, r)];
+          } else {
+            const int64_t base = t.rows[r];
+            up = base >= 0 ? up_src[n][base] : 0.f;
+          }
+          up *= mk;
+          const float p = acc[mi][n][2 * h] + bp[n], s = sigmoid(acc[mi][n][2 * h + 1] + bg[n]);
+          v[2 * n] = up * s;
+          v[2 * n + 1] = up * p * s * (1.f - s);
+        }
+#pragma unroll
+        for (int e = 0; e < 2 * kFragNi; ++e) sum[e] += v[e], lo[e] = v[e] - dev::to_float(dev::from_float<T>(v[e]));
+        if (m < M) {
+          T* row = dlin + m * ldl + n0 + wn + 8 * tq;
+          *reinterpret_cast<uint4*>(row) = dev::pack8<T>(v);
+          *reinterpret_cast<uint4*>(row + lds) = dev::pack8<T>(lo);
+        }
+      }
+    // Column totals in a fixed order: the 8 row groups of the warp (shuffle tree), then the two
+    // warps of the block's column strip.
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+      for (int e = 0; e < 2 * kFragNi; ++e) sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], o);
+    __syncthreads();  // every row_mask read is done: the scratch takes the warps' sums
+    if (g == 0)
+#pragma unroll
+      for (int e = 0; e < 2 * kFragNi; ++e) t.scratch[(wm / Cfg::kWarpTileM) * Cfg::kBlockN + wn + 8 * tq + e] = sum[e];
+    __syncthreads();
+    if (threadIdx.x < Cfg::kBlockN)
+      colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] = t.scratch[threadIdx.x] + t.scratch[Cfg::kBlockN + threadIdx.x];
   }
 };
 

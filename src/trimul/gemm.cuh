@@ -79,6 +79,22 @@ template <class Epi>
 struct HasPrefetch<Epi, std::void_t<decltype(std::declval<const Epi&>().prefetch(nullptr, int64_t{0}, 0))>>
     : std::true_type {};
 
+// A warp's accumulators in mma.sync's C-fragment layout: [m16 tile][n8 tile][4], thread
+// (g = lane / 4, t = lane % 4) holding rows g and g + 8, columns 2t and 2t + 1 of each m16n8.
+constexpr int kFragMi = Cfg::kWarpTileM / 16, kFragNi = Cfg::kWarpTileN / 8;
+using AccFragments = float[kFragMi][kFragNi][4];
+
+// An epilogue may take the accumulators from registers instead of a staged tile by defining
+// `void fragments(const EpiTile&, const AccFragments&, int wm, int wn, int64_t m0, int n0)`
+// (wm, wn: the warp's first row and column in the tile); the tile area is then not written, and
+// its scratch, row and extra areas are the epilogue's.
+template <class Epi, class = void>
+struct HasFragmentEpilogue : std::false_type {};
+template <class Epi>
+struct HasFragmentEpilogue<Epi, std::void_t<decltype(std::declval<const Epi&>().fragments(
+                                    std::declval<const EpiTile&>(), std::declval<const AccFragments&>(), 0, 0,
+                                    int64_t{0}, 0))>> : std::true_type {};
+
 // Vector walk of the tile for epilogues that store pixel-major: each lane owns kVec consecutive
 // columns (one 16-byte store of 16-bit values for kVec = 8, of fp32 for kVec = 4) of kItems
 // rows. A warp covers kVec rows x 32 columns per item, lane (r_in = lane % kVec, j = lane /
@@ -311,8 +327,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   const int warp = threadIdx.x >> 5;
   const int wm = (warp / Cfg::kWarpsN) * Cfg::kWarpTileM;  // warp's first row in the tile
   const int wn = (warp % Cfg::kWarpsN) * Cfg::kWarpTileN;  // and first column
-  constexpr int kMi = Cfg::kWarpTileM / 16, kNi = Cfg::kWarpTileN / 8;
-  float acc[kMi][kNi][4] = {};  // [m16 tile][n8 tile][C fragment]
+  constexpr int kMi = kFragMi, kNi = kFragNi;
+  AccFragments acc = {};  // [m16 tile][n8 tile][C fragment]
 
   bool prefetched = false;
   if constexpr (HasPrefetch<Epi>::value) {
@@ -351,20 +367,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   __syncthreads();
 
   const EpiTile tile = epi_tile(smem, prefetched);
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  stage_accumulators(epi, tile, n0, [&](auto&& at) {
+  if constexpr (HasFragmentEpilogue<Epi>::value) {
+    epi.fragments(tile, acc, wm, wn, m0, n0);
+  } else {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    stage_accumulators(epi, tile, n0, [&](auto&& at) {
 #pragma unroll
-    for (int mi = 0; mi < kMi; ++mi)
+      for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < kNi; ++ni) {
-        const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
-        at(r, n) = acc[mi][ni][0];
-        at(r, n + 1) = acc[mi][ni][1];
-        at(r + 8, n) = acc[mi][ni][2];
-        at(r + 8, n + 1) = acc[mi][ni][3];
-      }
-  });
-  epi(tile, m0, n0, z);
+        for (int ni = 0; ni < kNi; ++ni) {
+          const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
+          at(r, n) = acc[mi][ni][0];
+          at(r, n + 1) = acc[mi][ni][1];
+          at(r + 8, n) = acc[mi][ni][2];
+          at(r + 8, n + 1) = acc[mi][ni][3];
+        }
+    });
+    epi(tile, m0, n0, z);
+  }
 }
 
 // One block per 128 x 128 output tile (x) and batch or split-K chunk (z).

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "common/mma.cuh"
+#include "trimul/dlin_order.h"
 #include "trimul/kernels.h"
 
 namespace tpf::trimul {
@@ -36,7 +37,7 @@ __device__ __forceinline__ Source wcat_source(int o, int Ch) {
 constexpr int kPrepRowsPerBlock = kThreads / 32;
 __global__ void __launch_bounds__(kThreads)
     prep_kernel(WeightSet ws, Dims d, __half* wcat, float* bcat, __half* wz, float* bz,
-                __nv_bfloat16* wcat_raw, __nv_bfloat16* wz_raw) {
+                __nv_bfloat16* wcat_raw, __nv_bfloat16* wz_raw, __half* wcat_pg) {
   const int o = blockIdx.x * kPrepRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
   const int ncat = static_cast<int>(d.proj_cols());
   if (o >= ncat + d.C) return;  // whole warps leave together
@@ -46,15 +47,22 @@ __global__ void __launch_bounds__(kThreads)
   const WeightRef &gamma = ws.w[in ? kNormInW : kNormOutW], &beta = ws.w[in ? kNormInB : kNormOutB];
   const int K = static_cast<int>(in ? d.C : d.Ch);
   const int64_t row = in ? o : o - ncat;
+  const bool ab = in && row < 4 * d.Ch;
+  // wcat_raw's rows follow dlin's columns (dlin_order.h); wcat_pg is the projection backward's
+  // interleaved copy of the a/b rows.
+  const int64_t raw_row = in ? dlin_col(row, d.Ch) : row;
   __half* dst = (in ? wcat : wz) + row * K;
+  __half* pg = ab && wcat_pg ? wcat_pg + pg_row_of_wcat_row(row) * K : nullptr;
   __nv_bfloat16* raw = in ? wcat_raw : wz_raw;
   float b = 0.f;
   for (int c = lane; c < K; c += 32) {
     const float w = weight_at(W, src.row, c);
-    dst[c] = __float2half_rn(w * weight_at(gamma, 0, c));
-    if (raw) raw[row * K + c] = __float2bfloat16_rn(w);
-    if (raw && !in) raw[(row + d.C) * K + c] = __float2bfloat16_rn(w);  // Wz again: dy's low parts
-    if (raw && in && row < 4 * d.Ch) raw[(row + ncat) * K + c] = __float2bfloat16_rn(w);  // a/b rows again: dlin's low parts
+    const __half folded = __float2half_rn(w * weight_at(gamma, 0, c));
+    dst[c] = folded;
+    if (pg) pg[c] = folded;
+    if (raw) raw[raw_row * K + c] = __float2bfloat16_rn(w);
+    if (raw && !in) raw[(raw_row + d.C) * K + c] = __float2bfloat16_rn(w);  // Wz again: dy's low parts
+    if (raw && ab) raw[(raw_row + ncat) * K + c] = __float2bfloat16_rn(w);  // a/b rows again: dlin's low parts
     b += w * weight_at(beta, 0, c);
   }
 #pragma unroll
@@ -93,10 +101,12 @@ __global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const 
   const bool in = o < ncat;
   const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o - ncat};
   const int K = static_cast<int>(in ? d.C : d.Ch);
-  // G[o][c]: G_in is stored transposed ([C][ncat]), G_out row-major ([C][Ch])
-  const float* G = in ? g_in + o : g_out + int64_t(o - ncat) * K;
+  // G[o][c]: G_in is stored transposed ([C][ncat], columns in dlin's order), G_out row-major
+  // ([C][Ch])
+  const int64_t col = in ? dlin_col(o, d.Ch) : 0;
+  const float* G = in ? g_in + col : g_out + int64_t(o - ncat) * K;
   const int64_t gc = in ? ncat : 1;
-  const float S = in ? s_in[o] : s_out[o - ncat];
+  const float S = in ? s_in[col] : s_out[o - ncat];
   const WeightRef &gamma = ws.w[in ? kNormInW : kNormOutW], &beta = ws.w[in ? kNormInB : kNormOutB];
   const WeightRef &dW = dws.w[src.weight], &db = dws.w[src.weight + 1];
   if (dW.ptr)
@@ -130,8 +140,9 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
   for (int o = threadIdx.x; o < rows; o += kThreads) {
     const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o};
     const float w = weight_at(ws.w[src.weight], src.row, c);
-    dg += w * (in ? g_in[int64_t(c) * rows + o] : g_out[int64_t(o) * K + c]);  // G_in transposed
-    dbeta += w * (in ? s_in : s_out)[o];
+    const int64_t col = in ? dlin_col(o, d.Ch) : o;
+    dg += w * (in ? g_in[int64_t(c) * rows + col] : g_out[int64_t(o) * K + c]);  // G_in transposed
+    dbeta += w * (in ? s_in : s_out)[col];
   }
   red[0][threadIdx.x] = dg;
   red[1][threadIdx.x] = dbeta;
@@ -152,11 +163,11 @@ unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / k
 }  // namespace
 
 cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
-                         void* wcat_raw, void* wz_raw, cudaStream_t s) {
+                         void* wcat_raw, void* wz_raw, void* wcat_pg, cudaStream_t s) {
   const int64_t rows = p.d.proj_cols() + p.d.C;
   prep_kernel<<<static_cast<unsigned>((rows + kPrepRowsPerBlock - 1) / kPrepRowsPerBlock), kThreads, 0, s>>>(
       p.w, p.d, static_cast<__half*>(wcat), bcat, static_cast<__half*>(wz), bz,
-      static_cast<__nv_bfloat16*>(wcat_raw), static_cast<__nv_bfloat16*>(wz_raw));
+      static_cast<__nv_bfloat16*>(wcat_raw), static_cast<__nv_bfloat16*>(wz_raw), static_cast<__half*>(wcat_pg));
   return cudaGetLastError();
 }
 
