@@ -110,12 +110,14 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
       return e;
   }
-  // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
-  // two): xhat_in's bf16 rounding no longer reaches the input-side weight gradients.
-  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, ws.dlin, P, PL, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
+  // dW_inᵀ from xhat_in's high rows then low rows against all of dlin's columns, the a/b
+  // columns' low parts included (the [2C][P + 4Ch] partials stack the two; finalize adds each
+  // a/b column's low column): neither xhat_in's nor dlin's bf16 rounding reaches the input-side
+  // weight gradients.
+  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, ws.dlin, PL, PL, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
-  if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
+  if ((e = sum_partials(ws.part_in, d.C * PL, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_dy, d.C, mt, ws.s_out, s)) != cudaSuccess) return e;

@@ -27,8 +27,9 @@ struct WeightSet {
 // backward reads them unrounded (a bf16 d xhat cost ~0.4x the floor on dz); dy is stored as a
 // bf16 high/low pair, so its two products (d xhat_out and dWz) see it to ~16 bits, and so is
 // xhat_in as the input-side weight-gradient operand (N = 384's d Wg_in was 2.15x the floor), and
-// dlin's a/b columns for the d xhat_in product (their bf16 rounding held dz at 2.0x the floor
-// with weights at an initialisation scale; the CPU emulation predicts 1.76x).
+// dlin's a/b columns for the d xhat_in product and dW_in (their bf16 rounding held dz at 2.0x
+// the floor and dW_in at ~2.0x with weights at an initialisation scale; the CPU emulation
+// predicts 1.76x for both).
 
 struct Problem {
   Dims d;
@@ -63,7 +64,8 @@ cudaError_t ln_channel_major_backward(const Problem& p, const float* dxhat, cons
 // out[e] = sum over parts of part[i * count + e], in part order.
 cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float* out,
                          cudaStream_t s);
-// Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][4Ch + C]), S_in =
+// Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][P + 4Ch]: dlin's columns,
+// its a/b columns' low parts last; dlin_order.h), S_in =
 // colsum(dlin), G_out = dyᵀ xhat_out ([C][Ch]), S_out = colsum(dy).
 // norm_in / norm_out (nullable): the LayerNorms' [d gamma | d beta] summed directly (2W floats),
 // which replace the ones derived from G and S.

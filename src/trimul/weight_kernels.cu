@@ -101,17 +101,19 @@ __global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const 
   const bool in = o < ncat;
   const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o - ncat};
   const int K = static_cast<int>(in ? d.C : d.Ch);
-  // G[o][c]: G_in is stored transposed ([C][ncat], columns in dlin's order), G_out row-major
-  // ([C][Ch])
+  // G[o][c]: G_in is stored transposed ([C][P + 4Ch], columns in dlin's order: an a/b row's sum
+  // is its high column's plus its low column's), G_out row-major ([C][Ch])
   const int64_t col = in ? dlin_col(o, d.Ch) : 0;
   const float* G = in ? g_in + col : g_out + int64_t(o - ncat) * K;
-  const int64_t gc = in ? ncat : 1;
+  const float* G_lo = in && o < 4 * d.Ch ? G + ncat : nullptr;
+  const int64_t gc = in ? d.dlin_cols() : 1;
   const float S = in ? s_in[col] : s_out[o - ncat];
   const WeightRef &gamma = ws.w[in ? kNormInW : kNormOutW], &beta = ws.w[in ? kNormInB : kNormOutB];
   const WeightRef &dW = dws.w[src.weight], &db = dws.w[src.weight + 1];
   if (dW.ptr)
     for (int c = 0; c < K; ++c)
-      store_any(dW, src.row * dW.s0 + c, G[c * gc] * weight_at(gamma, 0, c) + S * weight_at(beta, 0, c));
+      store_any(dW, src.row * dW.s0 + c,
+                (G[c * gc] + (G_lo ? G_lo[c * gc] : 0.f)) * weight_at(gamma, 0, c) + S * weight_at(beta, 0, c));
   if (db.ptr) store_any(db, src.row, S);
 }
 
@@ -141,7 +143,8 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
     const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o};
     const float w = weight_at(ws.w[src.weight], src.row, c);
     const int64_t col = in ? dlin_col(o, d.Ch) : o;
-    dg += w * (in ? g_in[int64_t(c) * rows + col] : g_out[int64_t(o) * K + c]);  // G_in transposed
+    const float* gi = g_in + int64_t(c) * d.dlin_cols() + col;  // G_in transposed, high + low columns
+    dg += w * (in ? gi[0] + (o < 4 * d.Ch ? gi[rows] : 0.f) : g_out[int64_t(o) * K + c]);
     dbeta += w * (in ? s_in : s_out)[col];
   }
   red[0][threadIdx.x] = dg;

@@ -186,11 +186,11 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.dx = a.take(d.cm_elems(), 2);
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
-  w.split_in = wgrad_split(M, 2 * d.C, P);      // rows: xhat_in's high then low parts
+  w.split_in = wgrad_split(M, 2 * d.C, d.dlin_cols());  // rows: xhat_in's high then low parts
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
-  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * P);
+  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * d.dlin_cols());
   w.part_out = a.take_f32(w.split_out.parts * 2 * d.C * d.Ch);
-  w.g_in = a.take_f32(P * d.C);
+  w.g_in = a.take_f32(d.dlin_cols() * d.C);
   w.g_out = a.take_f32(d.C * d.Ch);
   w.s_in = a.take_f32(P);
   w.s_out = a.take_f32(d.C);
