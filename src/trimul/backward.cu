@@ -34,10 +34,10 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
 }
 
 // G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows (K = M: a long-K product);
-// X's rows are x_ld apart (its first `cols` columns are read).
-cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, const void* X, int64_t cols,
+// dY's and X's rows are y_ld and x_ld apart (their first `rows` and `cols` columns are read).
+cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, int64_t y_ld, const void* X, int64_t cols,
                             int64_t x_ld, const WgradSplit& split, float* part, cudaStream_t s) {
-  const Operand A{dY, rows, 0, d.M(), rows}, B{X, x_ld, 0, d.M(), cols};
+  const Operand A{dY, y_ld, 0, d.M(), rows}, B{X, x_ld, 0, d.M(), cols};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
   return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), d.M(), split.chunk},
                                                   static_cast<int>(split.parts), epi, s);
@@ -81,7 +81,8 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess)
       return e;
   }
-  if ((e = weight_gradient(d, ws.dy, 2 * d.C, ws.xhat_out_bf, d.Ch, d.Ch, ws.split_out, ws.part_out, fork.side())) != cudaSuccess ||
+  if ((e = weight_gradient(d, ws.dy, 2 * d.C, 2 * d.C, ws.xhat_out_bf, d.Ch, d.Ch, ws.split_out, ws.part_out,
+                           fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
   // dy is dead: db may take its region (and da d xhat's).
@@ -110,14 +111,19 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
       return e;
   }
-  // dW_inᵀ from xhat_in's high rows then low rows against all of dlin's columns, the a/b
-  // columns' low parts included (the [2C][P + 4Ch] partials stack the two; finalize adds each
-  // a/b column's low column): neither xhat_in's nor dlin's bf16 rounding reaches the input-side
-  // weight gradients.
-  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, ws.dlin, PL, PL, ws.split_in, ws.part_in, fork.side())) != cudaSuccess ||
+  // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
+  // two), and xhat_in's high rows against dlin's a/b low parts (after d xhat_in): neither
+  // xhat_in's nor dlin's bf16 rounding reaches the input-side weight gradients (the low x low
+  // product is below both).
+  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, 2 * d.C, ws.dlin, P, PL, ws.split_in, ws.part_in, fork.side())) !=
+          cudaSuccess ||
+      (e = weight_gradient(d, ws.xhat_in_bf, d.C, 2 * d.C, static_cast<const T*>(ws.dlin) + P, 4 * d.Ch, PL,
+                           ws.split_in_lo, ws.part_in_lo, s)) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
-  if ((e = sum_partials(ws.part_in, d.C * PL, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess) return e;
+  if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess ||
+      (e = sum_partials(ws.part_in_lo, d.C * 4 * d.Ch, ws.split_in_lo.parts, ws.g_in_lo, s)) != cudaSuccess)
+    return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_dy, d.C, mt, ws.s_out, s)) != cudaSuccess) return e;
@@ -125,7 +131,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   if ((in_fused && (e = sum_partials(ws.norm_in_part, 2 * d.C, mt, ws.norm_in, s)) != cudaSuccess) ||
       (out_fused && (e = sum_partials(ws.norm_out_part, 2 * d.Ch, mt, ws.norm_out, s)) != cudaSuccess))
     return e;
-  return finalize_weight_grads(p, ws.g_in, ws.s_in, ws.g_out, ws.s_out, in_fused ? ws.norm_in : nullptr,
+  return finalize_weight_grads(p, ws.g_in, ws.g_in_lo, ws.s_in, ws.g_out, ws.s_out, in_fused ? ws.norm_in : nullptr,
                                out_fused ? ws.norm_out : nullptr, s);
 }
 

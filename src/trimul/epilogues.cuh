@@ -321,7 +321,9 @@ struct ProjectBackwardEpilogue {
 
   // The prefetched da/db tile: [64 channels][128 pixels] fp32, the 16-byte chunk k of channel
   // c's row at k ^ 2 (c % 4): a warp's reads (4 channels x 8 pixels) then hit 32 banks.
-  __device__ static int pre_index(int c, int r) { return c * Cfg::kBlockM + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3); }
+  __device__ static int pre_index(int c, int r) {
+    return c * Cfg::kBlockM + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3);
+  }
 
   // da/db of the tile's 64 channels x 128 pixels into the extra area while the product runs
   // (N % 8 == 0: 4-pixel chunks are 16-byte aligned and inside one batch).
@@ -409,7 +411,8 @@ struct ProjectBackwardEpilogue {
       for (int e = 0; e < 2 * kFragNi; ++e) t.scratch[(wm / Cfg::kWarpTileM) * Cfg::kBlockN + wn + 8 * tq + e] = sum[e];
     __syncthreads();
     if (threadIdx.x < Cfg::kBlockN)
-      colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] = t.scratch[threadIdx.x] + t.scratch[Cfg::kBlockN + threadIdx.x];
+      colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] =
+          t.scratch[threadIdx.x] + t.scratch[Cfg::kBlockN + threadIdx.x];
   }
 };
 

@@ -64,12 +64,12 @@ cudaError_t ln_channel_major_backward(const Problem& p, const float* dxhat, cons
 // out[e] = sum over parts of part[i * count + e], in part order.
 cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float* out,
                          cudaStream_t s);
-// Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][P + 4Ch]: dlin's columns,
-// its a/b columns' low parts last; dlin_order.h), S_in =
+// Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][P], dlin's column order:
+// dlin_order.h) plus G_in_loᵀ = zhatᵀ (dlin's a/b low parts) ([C][4Ch]), S_in =
 // colsum(dlin), G_out = dyᵀ xhat_out ([C][Ch]), S_out = colsum(dy).
 // norm_in / norm_out (nullable): the LayerNorms' [d gamma | d beta] summed directly (2W floats),
 // which replace the ones derived from G and S.
-cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* s_in,
+cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* g_in_lo, const float* s_in,
                                   const float* g_out, const float* s_out, const float* norm_in,
                                   const float* norm_out, cudaStream_t s);
 

@@ -70,51 +70,53 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) (in ? bcat[o] : bz[o - ncat]) = weight_at(bias, 0, src.row) + b;
 }
 
-// A block sums 32 columns over all parts: lane group l (of 8) takes parts l, l + 8, ... in
-// order, then the 8 group sums combine in a fixed tree. Deterministic, and 8x the loads in flight
-// of one thread per column (the column-sum partials have thousands of parts and few columns).
-constexpr int kSumCols = 32, kSumLanes = 8;
-__global__ void __launch_bounds__(kSumCols * kSumLanes)
-    sum_partials_kernel(const float* part, int64_t count, int64_t parts, float* out) {
-  __shared__ float red[kSumLanes][kSumCols];
-  const int col = threadIdx.x % kSumCols, lane = threadIdx.x / kSumCols;
-  const int64_t e = int64_t(blockIdx.x) * kSumCols + col;
+// A block of 256 threads sums 256 / lanes columns over all parts: lane l of a column takes
+// parts l, l + lanes, ... in order, then the lanes' sums combine in a fixed tree. Deterministic.
+// lanes grows with the number of parts (the column-sum partials have thousands of parts and
+// few columns: 8 lanes per column left each thread ~600 dependent additions, ~70 us per call).
+constexpr int kSumThreads = 256;
+__global__ void __launch_bounds__(kSumThreads)
+    sum_partials_kernel(const float* part, int64_t count, int64_t parts, float* out, int lanes) {
+  __shared__ float red[kSumThreads];  // [lane][column]
+  const int cols = kSumThreads / lanes, col = threadIdx.x % cols, lane = threadIdx.x / cols;
+  const int64_t e = int64_t(blockIdx.x) * cols + col;
   float s = 0.f;
   if (e < count) {
 #pragma unroll 8
-    for (int64_t i = lane; i < parts; i += kSumLanes) s += part[i * count + e];
+    for (int64_t i = lane; i < parts; i += lanes) s += part[i * count + e];
   }
-  red[lane][col] = s;
-  for (int h = kSumLanes / 2; h > 0; h /= 2) {
+  red[threadIdx.x] = s;
+  for (int h = lanes / 2; h > 0; h /= 2) {
     __syncthreads();
-    if (lane < h) red[lane][col] += red[lane + h][col];
+    if (lane < h) red[lane * cols + col] += red[(lane + h) * cols + col];
   }
-  if (lane == 0 && e < count) out[e] = red[0][col];
+  if (lane == 0 && e < count) out[e] = red[col];
 }
 
-// dW[row][c] = G[o][c] gamma[c] + S[o] beta[c] and dbias[row] = S[o], for every weight row.
-__global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const float* g_in,
-                                     const float* s_in, const float* g_out, const float* s_out) {
-  const int o = blockIdx.x * kThreads + threadIdx.x;
+// dW[row][c] = G[o][c] gamma[c] + S[o] beta[c] and dbias[row] = S[o], for every weight row:
+// one block per row o, threads over c (one thread per row, walking its columns, took ~90 us).
+__global__ void __launch_bounds__(kThreads)
+    finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const float* g_in, const float* g_in_lo,
+                         const float* s_in, const float* g_out, const float* s_out) {
+  const int o = blockIdx.x;
   const int ncat = static_cast<int>(d.proj_cols());
-  if (o >= ncat + d.C) return;
   const bool in = o < ncat;
   const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o - ncat};
   const int K = static_cast<int>(in ? d.C : d.Ch);
-  // G[o][c]: G_in is stored transposed ([C][P + 4Ch], columns in dlin's order: an a/b row's sum
-  // is its high column's plus its low column's), G_out row-major ([C][Ch])
+  // G[o][c]: G_in is stored transposed ([C][P], columns in dlin's order; an a/b row adds its
+  // column of G_in_lo [C][4Ch]), G_out row-major ([C][Ch])
   const int64_t col = in ? dlin_col(o, d.Ch) : 0;
   const float* G = in ? g_in + col : g_out + int64_t(o - ncat) * K;
-  const float* G_lo = in && o < 4 * d.Ch ? G + ncat : nullptr;
-  const int64_t gc = in ? d.dlin_cols() : 1;
+  const float* G_lo = in && o < 4 * d.Ch ? g_in_lo + col : nullptr;
+  const int64_t gc = in ? ncat : 1, gc_lo = 4 * d.Ch;
   const float S = in ? s_in[col] : s_out[o - ncat];
   const WeightRef &gamma = ws.w[in ? kNormInW : kNormOutW], &beta = ws.w[in ? kNormInB : kNormOutB];
   const WeightRef &dW = dws.w[src.weight], &db = dws.w[src.weight + 1];
   if (dW.ptr)
-    for (int c = 0; c < K; ++c)
+    for (int c = threadIdx.x; c < K; c += kThreads)
       store_any(dW, src.row * dW.s0 + c,
-                (G[c * gc] + (G_lo ? G_lo[c * gc] : 0.f)) * weight_at(gamma, 0, c) + S * weight_at(beta, 0, c));
-  if (db.ptr) store_any(db, src.row, S);
+                (G[c * gc] + (G_lo ? G_lo[c * gc_lo] : 0.f)) * weight_at(gamma, 0, c) + S * weight_at(beta, 0, c));
+  if (db.ptr && threadIdx.x == 0) store_any(db, src.row, S);
 }
 
 // d gamma[c] = sum_o W[o][c] G[o][c], d beta[c] = sum_o W[o][c] S[o] over every row o that
@@ -123,8 +125,8 @@ __global__ void finalize_rows_kernel(WeightSet ws, WeightSet dws, Dims d, const 
 // Where the LayerNorm backward ran in its product's epilogue, its direct totals
 // (norm_in / norm_out: [d gamma | d beta], 2W floats) are used instead.
 __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const float* g_in,
-                                     const float* s_in, const float* g_out, const float* s_out,
-                                     const float* norm_in, const float* norm_out) {
+                                     const float* g_in_lo, const float* s_in, const float* g_out,
+                                     const float* s_out, const float* norm_in, const float* norm_out) {
   __shared__ float red[2][kThreads];
   const int t = blockIdx.x;
   const bool in = t < d.C;
@@ -143,8 +145,9 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
     const Source src = in ? wcat_source(o, static_cast<int>(d.Ch)) : Source{kPOutW, o};
     const float w = weight_at(ws.w[src.weight], src.row, c);
     const int64_t col = in ? dlin_col(o, d.Ch) : o;
-    const float* gi = g_in + int64_t(c) * d.dlin_cols() + col;  // G_in transposed, high + low columns
-    dg += w * (in ? gi[0] + (o < 4 * d.Ch ? gi[rows] : 0.f) : g_out[int64_t(o) * K + c]);
+    const float g = in ? g_in[int64_t(c) * rows + col] + (o < 4 * d.Ch ? g_in_lo[c * 4 * d.Ch + col] : 0.f)
+                       : g_out[int64_t(o) * K + c];  // G_in, G_in_lo transposed
+    dg += w * g;
     dbeta += w * (in ? s_in : s_out)[col];
   }
   red[0][threadIdx.x] = dg;
@@ -161,8 +164,6 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
   if (dbe.ptr) store_any(dbe, c, red[1][0]);
 }
 
-unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-
 }  // namespace
 
 cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
@@ -176,17 +177,21 @@ cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, fl
 
 cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float* out,
                          cudaStream_t s) {
-  sum_partials_kernel<<<static_cast<unsigned>((count + kSumCols - 1) / kSumCols), kSumCols * kSumLanes, 0, s>>>(
-      part, count, parts, out);
+  int lanes = 8;  // each thread sums at most ~32 parts where it can
+  while (lanes < kSumThreads / 2 && parts > 32 * lanes) lanes *= 2;
+  const int64_t cols = kSumThreads / lanes;
+  sum_partials_kernel<<<static_cast<unsigned>((count + cols - 1) / cols), kSumThreads, 0, s>>>(part, count, parts,
+                                                                                             out, lanes);
   return cudaGetLastError();
 }
 
-cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* s_in,
+cudaError_t finalize_weight_grads(const Problem& p, const float* g_in, const float* g_in_lo, const float* s_in,
                                   const float* g_out, const float* s_out, const float* norm_in,
                                   const float* norm_out, cudaStream_t s) {
-  finalize_rows_kernel<<<blocks(p.d.proj_cols() + p.d.C), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out, s_out);
-  finalize_norm_kernel<<<static_cast<unsigned>(p.d.C + p.d.Ch), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, s_in, g_out,
-                                                                                 s_out, norm_in, norm_out);
+  finalize_rows_kernel<<<static_cast<unsigned>(p.d.proj_cols() + p.d.C), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in,
+                                                                                          g_in_lo, s_in, g_out, s_out);
+  finalize_norm_kernel<<<static_cast<unsigned>(p.d.C + p.d.Ch), kThreads, 0, s>>>(p.w, p.dw, p.d, g_in, g_in_lo,
+                                                                                 s_in, g_out, s_out, norm_in, norm_out);
   return cudaGetLastError();
 }
 

@@ -59,11 +59,11 @@ struct Workspace {
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
   float *colsum_dy = nullptr, *colsum_lin = nullptr;  // [m-tiles][C], [m-tiles][4Ch + C]
-  float *part_in = nullptr, *part_out = nullptr;      // weight-gradient partials
-  float *g_in = nullptr, *g_out = nullptr, *s_in = nullptr, *s_out = nullptr;
+  float *part_in = nullptr, *part_in_lo = nullptr, *part_out = nullptr;  // weight-gradient partials
+  float *g_in = nullptr, *g_in_lo = nullptr, *g_out = nullptr, *s_in = nullptr, *s_out = nullptr;
   float *norm_in_part = nullptr, *norm_out_part = nullptr;  // [m-tiles][2C], [m-tiles][2Ch]
   float *norm_in = nullptr, *norm_out = nullptr;            // [2C], [2Ch]: d gamma | d beta
-  WgradSplit split_in{}, split_out{};
+  WgradSplit split_in{}, split_in_lo{}, split_out{};
   size_t bytes = 0;        // of the workspace
   size_t saved_bytes = 0;  // of the saved set
   int saved_gaps = 0;      // a saving forward's padding in the saved set (zeroed by the forward)
@@ -186,11 +186,14 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.dx = a.take(d.cm_elems(), 2);
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
-  w.split_in = wgrad_split(M, 2 * d.C, d.dlin_cols());  // rows: xhat_in's high then low parts
+  w.split_in = wgrad_split(M, 2 * d.C, P);         // rows: xhat_in's high then low parts
+  w.split_in_lo = wgrad_split(M, d.C, 4 * d.Ch);   // xhat_in's high parts x dlin's a/b low parts
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
-  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * d.dlin_cols());
+  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * P);
+  w.part_in_lo = a.take_f32(w.split_in_lo.parts * d.C * 4 * d.Ch);
   w.part_out = a.take_f32(w.split_out.parts * 2 * d.C * d.Ch);
-  w.g_in = a.take_f32(d.dlin_cols() * d.C);
+  w.g_in = a.take_f32(P * d.C);
+  w.g_in_lo = a.take_f32(4 * d.Ch * d.C);
   w.g_out = a.take_f32(d.C * d.Ch);
   w.s_in = a.take_f32(P);
   w.s_out = a.take_f32(d.C);

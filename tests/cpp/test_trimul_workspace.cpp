@@ -53,9 +53,11 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
       {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
       {"colsum_dy", w.colsum_dy, mt * d.C * 4, false}, {"colsum_lin", w.colsum_lin, mt * P * 4, false},
-      {"part_in", w.part_in, w.split_in.parts * 2 * d.C * d.dlin_cols() * 4, false},
+      {"part_in", w.part_in, w.split_in.parts * 2 * d.C * P * 4, false},
+      {"part_in_lo", w.part_in_lo, w.split_in_lo.parts * d.C * 4 * d.Ch * 4, false},
       {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4, false},
-      {"g_in", w.g_in, d.dlin_cols() * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
+      {"g_in", w.g_in, P * d.C * 4, false},
+      {"g_in_lo", w.g_in_lo, 4 * d.Ch * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
       {"s_in", w.s_in, P * 4, false}, {"s_out", w.s_out, d.C * 4, false},
       {"norm_in_part", w.norm_in_part, mt * 2 * d.C * 4, false},
       {"norm_out_part", w.norm_out_part, mt * 2 * d.Ch * 4, false},
@@ -129,7 +131,7 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
       EXPECT_EQ(w.saved_bytes, saved_bytes);
     }
     if (is_backward(plan)) {  // the split-K chunks cover every pixel row once, in k-step multiples
-      for (const WgradSplit& s : {w.split_in, w.split_out}) {
+      for (const WgradSplit& s : {w.split_in, w.split_in_lo, w.split_out}) {
         EXPECT_EQ(s.chunk % GemmConfig::kBlockK, 0);
         EXPECT_GE(s.chunk * s.parts, d.M());
         EXPECT_LT((s.parts - 1) * s.chunk, d.M());

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Compares builds of the multiplicative update on the GPU machine: for each BIN_DIR, the trimul
+# GPU tests (without the N = 3072 case), `tpf bench` at N = 384 and 768 and per-kernel times;
+# with ACC=1 also `tpf trimul-table` (N = 384, 768) and the Python accuracy table (384, 768).
+# Usage: [ACC=1] scripts/device_variants.sh BIN_DIR...
+set -u
+OUT=${OUT:-/tmp/out}
+for BIN in "$@"; do
+  o="$OUT/$(basename "$BIN")"; mkdir -p "$o"
+  timeout 150 "$BIN/tpf_gpu_tests" --gtest_filter='*Trimul*:-*Large*' --gtest_brief=1 > "$o/gtest.txt" 2>&1
+  echo "== $BIN gtests rc=$? $(tail -1 "$o/gtest.txt")"; grep -E "^\[  FAILED|error/floor" "$o/gtest.txt" | head -6
+  "$BIN/tpf" bench --op trimul --n 384,768 --iters 20 > "$o/bench.txt" 2>&1
+  bash scripts/device_kernel_times.sh "$BIN/tpf" --op trimul --n 768 > "$o/kernel_times.txt" 2>&1
+  if [ "${ACC:-0}" = 1 ]; then
+    timeout 200 "$BIN/tpf" trimul-table --n 384,768 --ref-max-n 768 --iters 20 --out "$o" > "$o/table_log.txt" 2>&1
+    echo "table rc=$?"; tail -2 "$o/trimul.md"
+    TPF_LIBRARY="$PWD/$BIN/libturbopairformer_c.so" PYTHONPATH=python timeout 200 python -m turbopairformer.bench \
+      --trimul-accuracy 384,768 --out "$o" > "$o/acc_log.txt" 2>&1
+    echo "accuracy rc=$?"; tail -2 "$o/trimul_accuracy.md"
+  fi
+done
+for BIN in "$@"; do
+  o="$OUT/$(basename "$BIN")"
+  echo "== $BIN"; head -6 "$o/kernel_times.txt"; tail -2 "$o/bench.txt"
+done
