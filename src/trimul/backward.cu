@@ -54,7 +54,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   const Dims& d = p.d;
   const int64_t M = d.M(), P = d.proj_cols(), mt = (M + Cfg::kBlockM - 1) / Cfg::kBlockM;
   cudaError_t e = recompute ? forward_through_product<T>(p, ws, s)
-                            : prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, ws.wcat_pg, s);
+                            : prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s);
   if (e != cudaSuccess) return e;
   // Output stage: dy, the gate-logit gradient and their column sums.
   const OutGradEpilogue<T> og{d, ws.bz, static_cast<const __half*>(ws.logit), p.dout, static_cast<T*>(ws.dy),
@@ -91,7 +91,7 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
     return e;
   // Input projections: recompute p, g; their gradients into dlin's a/b columns.
   const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin};
-  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat_pg, 4 * d.Ch, d.C),
+  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
                                                 {M, static_cast<int>(4 * d.Ch), d.C, 0}, 1, pb, s)) != cudaSuccess)
     return e;
   // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz (fused likewise);

@@ -41,10 +41,10 @@ __device__ __forceinline__ void load8(float (&v)[8], const float* row, int grp) 
   v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
 }
 
-// Input projection. Columns of the concatenated weight come in groups of 128: 64 projection
-// rows then the 64 gate rows of the same channels (of [a | b], 2Ch channels), so one tile holds
-// both factors of a = sigmoid(g) * p * mask; after the 4Ch a/b columns come the C output-gate
-// columns. a and b go channel-major (the triangle product's operands, T) and, where asked, as
+// Input projection. Columns of the concatenated weight come in groups of 128 for 64 channels of
+// [a | b] (2Ch channels), each channel's projection then its gate (dlin_order.h), so one tile
+// holds both factors of a = sigmoid(g) * p * mask; after the 4Ch a/b columns come the C
+// output-gate columns. a and b go channel-major (the triangle product's operands, T) and, where asked, as
 // bf16 copies (a saving forward keeps them for the backward's bf16 products); the output gate
 // pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the backward's).
 template <class T>
@@ -110,9 +110,9 @@ struct ProjectEpilogue {
     for (int k = 0; k < 64 / (2 * kWarps); ++k) {
       const int c = 2 * (warp + kWarps * k) + lane / 16;  // tile channel in [0, 64)
       float p8[8], g8[8];  // [pixel] projection and gate logit
-      load8(p8, &t.at_cm(0, c), grp);
-      load8(g8, &t.at_cm(0, 64 + c), grp);
-      const float bp = bs[c], bg = bs[64 + c];
+      load8(p8, &t.at_cm(0, 2 * c), grp);
+      load8(g8, &t.at_cm(0, 2 * c + 1), grp);
+      const float bp = bs[2 * c], bg = bs[2 * c + 1];
       float v[8];  // [pixel] a or b
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = sigmoid(g8[i] + bg) * (p8[i] + bp) * m8[i];
@@ -134,7 +134,7 @@ struct ProjectEpilogue {
     const int Ch = static_cast<int>(d.Ch), pads = static_cast<int>(d.Np - d.N);
 #pragma unroll 4
     for (int c = threadIdx.x / Cfg::kBlockM; c < 64; c += Cfg::kThreads / Cfg::kBlockM) {
-      const float p = t.at_cm(r, c) + bs[c], g = t.at_cm(r, 64 + c) + bs[64 + c];
+      const float p = t.at_cm(r, 2 * c) + bs[2 * c], g = t.at_cm(r, 2 * c + 1) + bs[2 * c + 1];
       const int ch = n0 / 2 + c;
       const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + base;
       const float v = sigmoid(g) * p * mk;
@@ -306,14 +306,14 @@ struct OutGradEpilogue {
 // Input projection, backward (a/b columns only): from the recomputed p, g and the upstream da
 // (db), d p = da * sigmoid(g) * mask and d g = da * p * mask * s (1 - s), written pixel-major in
 // dlin's a/b column order (dlin_order.h) as bf16 high and low parts, plus per-tile column sums.
-// It works on the accumulators in registers: its B operand (wcat_pg) puts each channel's
-// projection and gate in neighbouring columns, i.e. in one thread's C fragment. (Staging the
+// It works on the accumulators in registers: wcat puts each channel's projection and gate in
+// neighbouring columns, i.e. in one thread's C fragment. (Staging the
 // tile through shared memory made it shared-memory-instruction bound: ~350 shared accesses per
 // thread per tile, MIO throttle the top stall at 1.6 TB/s.)
 template <class T>
 struct ProjectBackwardEpilogue {
   Dims d;
-  const float* bias;     // [4Ch + C] in wcat's (forward) order
+  const float* bias;     // [4Ch + C] in wcat's order
   MaskRef mask;
   const float *da, *db;  // channel-major
   T* dlin;               // [M][P + 4Ch]: high parts, then the a/b columns' low parts at P + column
@@ -362,8 +362,8 @@ struct ProjectBackwardEpilogue {
 #pragma unroll
     for (int n = 0; n < kFragNi; ++n) {
       const int i = wn / 2 + 4 * n + tq, ch = n0 / 2 + i;
-      bp[n] = bias[n0 + i];
-      bg[n] = bias[n0 + 64 + i];
+      bp[n] = bias[n0 + 2 * i];
+      bg[n] = bias[n0 + 2 * i + 1];
       up_src[n] = ch < Ch ? da + ch * plane : db + (ch - Ch) * plane;
     }
     const float* pre = static_cast<const float*>(t.extra);

@@ -41,13 +41,12 @@ struct Problem {
 };
 
 // Folds LayerNorm_in's gamma into the concatenated input weight [4Ch + C][C] (row order in
-// epilogues.cuh) and beta into its bias; likewise LayerNorm_out into Wz [C][Ch].
+// dlin_order.h) and beta into its bias; likewise LayerNorm_out into Wz [C][Ch].
 // wcat, wz fp16 (folded); wcat_raw, wz_raw (optional) bf16 copies of the unfolded weights, each
 // with the rows that meet a low part again after it (wcat_raw: the 4Ch a/b rows, [4Ch + C + 4Ch][C];
 // wz_raw: all of Wz, [2C][Ch]); wcat_raw's rows in dlin's column order (dlin_order.h).
-// wcat_pg (optional): the a/b rows of wcat, fp16 folded, interleaved for the projection backward.
 cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
-                         void* wcat_raw, void* wz_raw, void* wcat_pg, cudaStream_t s);
+                         void* wcat_raw, void* wz_raw, cudaStream_t s);
 // LayerNorm statistics and the normalised rows (no affine: it is folded into the weights), in
 // fp16 and optionally also bf16 (xhat_bf: the weight-gradient operand; for the rows, z's
 // LayerNorm, as a high/low pair [M][2C]); mean/rstd optional.

@@ -74,7 +74,7 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
 template <class TAB>
 cudaError_t forward_through_product(const Problem& p, const Workspace& ws, cudaStream_t s) {
   cudaError_t e;
-  if ((e = prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, ws.wcat_pg, s)) != cudaSuccess) return e;
+  if ((e = prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s)) != cudaSuccess) return e;
   if ((e = ln_rows_forward(p, ws.xhat_in, ws.xhat_in_bf, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
   if ((e = project<TAB>(p, ws, s)) != cudaSuccess) return e;
   if ((e = triangle_product<TAB>(p, ws, s)) != cudaSuccess) return e;

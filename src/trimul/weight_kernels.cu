@@ -18,15 +18,14 @@ __device__ __forceinline__ void store_any(const WeightRef& w, int64_t off, float
 }
 
 // Row o of the concatenated input weight: which weight matrix and which of its rows. Groups of
-// 128 rows: 64 projection rows then the 64 gate rows of the same channels; then the C rows of
-// the output gate.
+// 128 rows for 64 channels, each channel's projection row then its gate row (dlin_order.h);
+// then the C rows of the output gate.
 struct Source {
   int weight, row;
 };
 __device__ __forceinline__ Source wcat_source(int o, int Ch) {
   if (o < 4 * Ch) {
-    const int q = o / 128, w = o % 128;
-    return {w < 64 ? kPInW : kGInW, q * 64 + w % 64};
+    return {o % 2 ? kGInW : kPInW, o / 2};
   }
   return {kGOutW, o - 4 * Ch};
 }
@@ -37,7 +36,7 @@ __device__ __forceinline__ Source wcat_source(int o, int Ch) {
 constexpr int kPrepRowsPerBlock = kThreads / 32;
 __global__ void __launch_bounds__(kThreads)
     prep_kernel(WeightSet ws, Dims d, __half* wcat, float* bcat, __half* wz, float* bz,
-                __nv_bfloat16* wcat_raw, __nv_bfloat16* wz_raw, __half* wcat_pg) {
+                __nv_bfloat16* wcat_raw, __nv_bfloat16* wz_raw) {
   const int o = blockIdx.x * kPrepRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
   const int ncat = static_cast<int>(d.proj_cols());
   if (o >= ncat + d.C) return;  // whole warps leave together
@@ -48,18 +47,13 @@ __global__ void __launch_bounds__(kThreads)
   const int K = static_cast<int>(in ? d.C : d.Ch);
   const int64_t row = in ? o : o - ncat;
   const bool ab = in && row < 4 * d.Ch;
-  // wcat_raw's rows follow dlin's columns (dlin_order.h); wcat_pg is the projection backward's
-  // interleaved copy of the a/b rows.
-  const int64_t raw_row = in ? dlin_col(row, d.Ch) : row;
+  const int64_t raw_row = in ? dlin_col(row, d.Ch) : row;  // wcat_raw's rows follow dlin's columns
   __half* dst = (in ? wcat : wz) + row * K;
-  __half* pg = ab && wcat_pg ? wcat_pg + pg_row_of_wcat_row(row) * K : nullptr;
   __nv_bfloat16* raw = in ? wcat_raw : wz_raw;
   float b = 0.f;
   for (int c = lane; c < K; c += 32) {
     const float w = weight_at(W, src.row, c);
-    const __half folded = __float2half_rn(w * weight_at(gamma, 0, c));
-    dst[c] = folded;
-    if (pg) pg[c] = folded;
+    dst[c] = __float2half_rn(w * weight_at(gamma, 0, c));
     if (raw) raw[raw_row * K + c] = __float2bfloat16_rn(w);
     if (raw && !in) raw[(raw_row + d.C) * K + c] = __float2bfloat16_rn(w);  // Wz again: dy's low parts
     if (raw && ab) raw[(raw_row + ncat) * K + c] = __float2bfloat16_rn(w);  // a/b rows again: dlin's low parts
@@ -167,11 +161,11 @@ __global__ void finalize_norm_kernel(WeightSet ws, WeightSet dws, Dims d, const 
 }  // namespace
 
 cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, float* bz,
-                         void* wcat_raw, void* wz_raw, void* wcat_pg, cudaStream_t s) {
+                         void* wcat_raw, void* wz_raw, cudaStream_t s) {
   const int64_t rows = p.d.proj_cols() + p.d.C;
   prep_kernel<<<static_cast<unsigned>((rows + kPrepRowsPerBlock - 1) / kPrepRowsPerBlock), kThreads, 0, s>>>(
       p.w, p.d, static_cast<__half*>(wcat), bcat, static_cast<__half*>(wz), bz,
-      static_cast<__nv_bfloat16*>(wcat_raw), static_cast<__nv_bfloat16*>(wz_raw), static_cast<__half*>(wcat_pg));
+      static_cast<__nv_bfloat16*>(wcat_raw), static_cast<__nv_bfloat16*>(wz_raw));
   return cudaGetLastError();
 }
 

@@ -52,7 +52,6 @@ struct Workspace {
   float *mean_out = nullptr, *rstd_out = nullptr;  // [M]
   // Backward only.
   void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights ([P + 4Ch][C], [2C][Ch]: kernels.h)
-  void* wcat_pg = nullptr;                      // fp16 folded a/b rows [4Ch][C], interleaved (dlin_order.h)
   void* dy = nullptr;                           // [M][2C] bf16: dy's high parts, then its low parts
   void* dlin = nullptr;                         // [M][P + 4Ch]: all P = 4Ch + C columns, then the a/b columns' low parts
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
@@ -164,7 +163,6 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.bz = a.take_f32(d.C);
   w.wcat_raw = a.take((P + 4 * d.Ch) * d.C, 2);
   w.wz_raw = a.take(2 * d.C * d.Ch, 2);
-  w.wcat_pg = a.take(4 * d.Ch * d.C, 2);
   if (from_saved) {
     Arena sa(saved);
     w.saved_bytes = plan_saved(d, sa, w);

@@ -48,7 +48,6 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
   }
   const std::vector<Buf> more = {
       {"wcat_raw", w.wcat_raw, (P + 4 * d.Ch) * d.C * 2, false}, {"wz_raw", w.wz_raw, 2 * d.C * d.Ch * 2, false},
-      {"wcat_pg", w.wcat_pg, 4 * d.Ch * d.C * 2, false},
       {"dy", w.dy, M * 2 * d.C * 2, false}, {"dlin", w.dlin, M * d.dlin_cols() * 2, false},
       {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
       {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
