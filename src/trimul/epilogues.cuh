@@ -58,6 +58,77 @@ struct ProjectEpilogue {
   // a/b tiles are staged channel-major: their stores run along pixels.
   __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
 
+  // The a/b tiles when N % 8 == 0 (no row pads; 8 pixels from a multiple of 8 lie in one matrix
+  // row), from registers: each thread forms a = sigmoid(g) p mask for its fragment (both logits
+  // of a channel sit in one thread, dlin_order.h), stmatrix transposes each 8 pixel x 8 channel
+  // block as 16-bit values into shared memory, and lanes store 8 pixels of a channel (16 bytes)
+  // at a time, a half-warp per channel's 128 pixels. (Staging the fp32 tile and reading it back
+  // took ~3x the stage's bytes.) The output-gate tile and other N take the staged path.
+  // Shared memory: [64 channels][128 pixels] of T, then the same of bf16 for the copy; the
+  // 16-byte chunk k of channel i's row sits at k ^ (i % 8), so that the eight rows one stmatrix
+  // writes (8 channels) fall in distinct banks.
+  __device__ static int cm_chunk(int i, int k) { return i * Cfg::kBlockM * 2 + ((k ^ (i & 7)) << 4); }  // bytes
+
+  __device__ bool fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
+    if (n0 >= 4 * d.Ch || d.N % 8 != 0) return false;
+    const int64_t M = d.M(), plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    float* mk = t.scratch;  // [128] the tile's pixel masks
+    if (threadIdx.x < Cfg::kBlockM) {
+      const int64_t m = m0 + threadIdx.x;
+      mk[threadIdx.x] = m < M ? mask_at(mask, m, d.N) : 0.f;
+      if (threadIdx.x % 8 == 0) t.rows[threadIdx.x] = m < M ? cm_offset(d, m, 0) : 0;
+    }
+    __syncthreads();
+    float bp[kFragNi], bg[kFragNi];  // [n8 tile] this thread's channels' projection and gate biases
+#pragma unroll
+    for (int n = 0; n < kFragNi; ++n) {
+      const int i = wn / 2 + 4 * n + tq;
+      bp[n] = bias[n0 + 2 * i];
+      bg[n] = bias[n0 + 2 * i + 1];
+    }
+    constexpr int kCopyAt = 64 * Cfg::kBlockM * 2;  // bytes: the bf16 copy's tile
+    uint8_t* stage = reinterpret_cast<uint8_t*>(t.c);
+    const uint32_t s16 = dev::smem_addr(stage);
+    // This lane's stmatrix row: matrix mx = 2 h + k holds n8 tiles 2k, 2k + 1 at pixel rows + 8h;
+    // its transpose's row j is channel wn / 2 + 8k + 4 (j % 2) + j / 2.
+    const int mx = lane >> 3, j = lane & 7;
+    const int st_ch = wn / 2 + 8 * (mx & 1) + 4 * (j & 1) + (j >> 1);
+#pragma unroll
+    for (int mi = 0; mi < kFragMi; ++mi) {
+      uint32_t v16[4], vbf[4];  // [2h + k] two channels' a at one pixel, packed
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mr = mk[wm + 16 * mi + 8 * h + g];
+        float v[kFragNi];  // [n8 tile]
+#pragma unroll
+        for (int n = 0; n < kFragNi; ++n)
+          v[n] = sigmoid(acc[mi][n][2 * h + 1] + bg[n]) * (acc[mi][n][2 * h] + bp[n]) * mr;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          v16[2 * h + k] = dev::MmaOp<T>::pack(v[2 * k], v[2 * k + 1]);
+          vbf[2 * h + k] = dev::MmaOp<__nv_bfloat16>::pack(v[2 * k], v[2 * k + 1]);
+        }
+      }
+      const int chunk = (wm + 16 * mi) / 8 + (mx >> 1);
+      dev::stmatrix_x4_trans(s16 + cm_chunk(st_ch, chunk), v16);
+      if (a_bf) dev::stmatrix_x4_trans(s16 + kCopyAt + cm_chunk(st_ch, chunk), vbf);
+    }
+    __syncthreads();
+    constexpr int kChunks = 64 * Cfg::kBlockM / 8;  // 16-byte chunks of the 64-channel tile
+#pragma unroll
+    for (int q = threadIdx.x; q < kChunks; q += Cfg::kThreads) {
+      const int i = q / 16, k = q % 16, ch = n0 / 2 + i;
+      if (m0 + 8 * k >= M) continue;  // M % 8 == 0: a chunk is all in or all out
+      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + t.rows[8 * k];
+      *reinterpret_cast<uint4*>((ch < Ch ? a : b) + off) = *reinterpret_cast<const uint4*>(stage + cm_chunk(i, k));
+      if (a_bf)
+        *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) =
+            *reinterpret_cast<const uint4*>(stage + kCopyAt + cm_chunk(i, k));
+    }
+    return true;
+  }
+
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M();
     const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128] this tile's

@@ -85,15 +85,22 @@ constexpr int kFragMi = Cfg::kWarpTileM / 16, kFragNi = Cfg::kWarpTileN / 8;
 using AccFragments = float[kFragMi][kFragNi][4];
 
 // An epilogue may take the accumulators from registers instead of a staged tile by defining
-// `void fragments(const EpiTile&, const AccFragments&, int wm, int wn, int64_t m0, int n0)`
-// (wm, wn: the warp's first row and column in the tile); the tile area is then not written, and
-// its scratch, row and extra areas are the epilogue's.
+// `fragments(const EpiTile&, const AccFragments&, int wm, int wn, int64_t m0, int n0)` (wm, wn:
+// the warp's first row and column in the tile); the whole tile area is then the epilogue's. It
+// returns void (every tile), or bool: false (uniform over the block, before it touches shared
+// memory) hands the tile to the staged path and operator().
+template <class Epi>
+using FragmentsResult = decltype(std::declval<const Epi&>().fragments(
+    std::declval<const EpiTile&>(), std::declval<const AccFragments&>(), 0, 0, int64_t{0}, 0));
 template <class Epi, class = void>
 struct HasFragmentEpilogue : std::false_type {};
 template <class Epi>
-struct HasFragmentEpilogue<Epi, std::void_t<decltype(std::declval<const Epi&>().fragments(
-                                    std::declval<const EpiTile&>(), std::declval<const AccFragments&>(), 0, 0,
-                                    int64_t{0}, 0))>> : std::true_type {};
+struct HasFragmentEpilogue<Epi, std::void_t<FragmentsResult<Epi>>> : std::true_type {};
+template <class Epi>
+constexpr bool fragments_only() {
+  if constexpr (HasFragmentEpilogue<Epi>::value) return std::is_void_v<FragmentsResult<Epi>>;
+  else return false;
+}
 
 // Vector walk of the tile for epilogues that store pixel-major: each lane owns kVec consecutive
 // columns (one 16-byte store of 16-bit values for kVec = 8, of fp32 for kVec = 4) of kItems
@@ -367,9 +374,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   __syncthreads();
 
   const EpiTile tile = epi_tile(smem, prefetched);
-  if constexpr (HasFragmentEpilogue<Epi>::value) {
+  if constexpr (fragments_only<Epi>()) {
     epi.fragments(tile, acc, wm, wn, m0, n0);
   } else {
+    if constexpr (HasFragmentEpilogue<Epi>::value) {
+      if (epi.fragments(tile, acc, wm, wn, m0, n0)) return;
+    }
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     stage_accumulators(epi, tile, n0, [&](auto&& at) {
 #pragma unroll
