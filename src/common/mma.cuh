@@ -48,6 +48,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 }
 
 // Four 8 x 8 16-bit matrices from C-fragment layout (register i: matrix i, thread (g, t) holding
+// row g, columns 2t and 2t + 1) into shared memory: lane 8i + j gives the address of row j of
+// matrix i (16 bytes). sm_90.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :
+               : "r"(smem), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+// Four 8 x 8 16-bit matrices from C-fragment layout (register i: matrix i, thread (g, t) holding
 // row g, columns 2t and 2t + 1) into shared memory transposed: lane 8i + j gives the address of
 // row j of matrix i's transpose (16 bytes: column j of the fragment matrix). sm_90.
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem, const uint32_t (&r)[4]) {

@@ -264,44 +264,51 @@ struct StoreEpilogue {
   }
 };
 
-// Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz), 8 channels per lane: the gate
-// is read and out written 16 bytes at a time (out element-wise where a strided row is not
-// 16-byte aligned).
+// Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz), from registers: each thread
+// reads the gate pairs of its fragment, the bf16 results go through a Staged16 tile and out in
+// rows of 16-byte chunks (element-wise where a strided row is not 16-byte aligned). (Staging
+// the fp32 tile and walking it made it shared-memory-instruction bound: MIO throttle and short
+// scoreboard were its top stalls.)
 struct OutputEpilogue {
   Dims d;
   const float* bias;    // [C]
   const __half* gate;   // [M][C] sigmoid
   PairRef out;        // bf16
-  __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
-    auto* o = static_cast<__nv_bfloat16*>(out.ptr);
-    row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(out, m0 + r, d.N) : 0; });
-    const VecWalk<8> w;
-    const int c = n0 + w.col();
-    if (c >= d.C) return;  // C is a multiple of 32: a group is all in or all out
-    float bc[8];           // [channel]
+  __device__ void fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
+    const int64_t M = d.M();
+    const int C = static_cast<int>(d.C), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    row_offsets(t, [&](int r) { return m0 + r < M ? pair_offset(out, m0 + r, d.N) : int64_t{-1}; });
+    uint32_t pk[kFragMi][kFragNi][2];  // [m16][n8][row half] bf16 pairs of out
 #pragma unroll
-    for (int e = 0; e < 8; ++e) bc[e] = bias[c + e];
-    uint4 g[w.kItems];  // [item] 8 gates: all loads in flight before the first use
+    for (int n = 0; n < kFragNi; ++n) {
+      const int c = n0 + wn + 8 * n + 2 * tq;  // C is a multiple of 32: a pair is all in or all out
+      const float b0 = c < C ? bias[c] : 0.f, b1 = c < C ? bias[c + 1] : 0.f;
 #pragma unroll
-    for (int k = 0; k < w.kItems; ++k) {
-      const int64_t m = m0 + w.row(k);
-      g[k] = m < d.M() ? *reinterpret_cast<const uint4*>(gate + m * d.C + c) : make_uint4(0, 0, 0, 0);
+      for (int mi = 0; mi < kFragMi; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t m = m0 + wm + 16 * mi + 8 * h + g;
+          float2 s = make_float2(0.f, 0.f);
+          if (m < M && c < C) s = __half22float2(*reinterpret_cast<const __half2*>(gate + m * C + c));
+          pk[mi][n][h] = dev::MmaOp<__nv_bfloat16>::pack(s.x * (acc[mi][n][2 * h] + b0), s.y * (acc[mi][n][2 * h + 1] + b1));
+        }
     }
+    const Staged16 st{reinterpret_cast<uint8_t*>(t.c)};
+    st.put(pk, wm, wn);
+    __syncthreads();
+    auto* o = static_cast<__nv_bfloat16*>(out.ptr);
 #pragma unroll
-    for (int k = 0; k < w.kItems; ++k) {
-      const int r = w.row(k);
-      if (m0 + r >= d.M()) continue;
-      float v[8], s[8];  // [channel] product, gate
-      w.read(t, k, v);
-      dev::unpack8<__half>(s, g[k]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = s[e] * (v[e] + bc[e]);
+    for (int i = 0; i < kStagedChunksPerThread; ++i) {
+      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16, c = n0 + 8 * k;
+      if (t.rows[r] < 0 || c >= C) continue;
+      const uint4 v = st.get(r, k);
       __nv_bfloat16* dst = o + t.rows[r] + c;
       if (aligned16(dst)) {
-        *reinterpret_cast<uint4*>(dst) = pack16<__nv_bfloat16>(v);
+        *reinterpret_cast<uint4*>(dst) = v;
       } else {
+        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dst[e] = __float2bfloat16_rn(v[e]);
+        for (int x = 0; x < 8; ++x) dst[x] = e[x];
       }
     }
   }

@@ -102,6 +102,31 @@ constexpr bool fragments_only() {
   else return false;
 }
 
+// A tile of 16-bit values staged row-major from registers: [128 rows][128 columns] (32 KB), the
+// 16-byte chunk k of row r at k ^ (r % 8), so that the eight rows of one stmatrix matrix and the
+// sixteen chunks of one row that a half-warp reads back fall in distinct banks.
+struct Staged16 {
+  uint8_t* base;
+  __device__ static int chunk_at(int r, int k) { return r * Cfg::kBlockN * 2 + ((k ^ (r & 7)) << 4); }  // bytes
+  // pk[mi][n][h]: the thread's packed pair (columns wn + 8n + 2t, + 1) at row wm + 16 mi + 8h + g.
+  __device__ void put(const uint32_t (&pk)[kFragMi][kFragNi][2], int wm, int wn) const {
+    const int lane = threadIdx.x & 31, mx = lane >> 3, j = lane & 7;
+    const uint32_t s = dev::smem_addr(base);
+#pragma unroll
+    for (int mi = 0; mi < kFragMi; ++mi)
+#pragma unroll
+      for (int k = 0; k < kFragNi / 2; ++k) {  // matrices (h, n) = (0, 2k), (0, 2k + 1), (1, 2k), (1, 2k + 1)
+        const uint32_t r[4] = {pk[mi][2 * k][0], pk[mi][2 * k + 1][0], pk[mi][2 * k][1], pk[mi][2 * k + 1][1]};
+        const int row = wm + 16 * mi + 8 * (mx >> 1) + j, chunk = (wn + 8 * (2 * k + (mx & 1))) / 8;
+        dev::stmatrix_x4(s + chunk_at(row, chunk), r);
+      }
+  }
+  // The 16 bytes (8 columns from 8k) of row r.
+  __device__ uint4 get(int r, int k) const { return *reinterpret_cast<const uint4*>(base + chunk_at(r, k)); }
+};
+// Chunks of a staged tile per thread when the block walks it row by row (16 lanes per row).
+constexpr int kStagedChunksPerThread = Cfg::kBlockM * Cfg::kBlockN / 8 / Cfg::kThreads;
+
 // Vector walk of the tile for epilogues that store pixel-major: each lane owns kVec consecutive
 // columns (one 16-byte store of 16-bit values for kVec = 8, of fp32 for kVec = 4) of kItems
 // rows. A warp covers kVec rows x 32 columns per item, lane (r_in = lane % kVec, j = lane /
