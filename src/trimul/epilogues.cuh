@@ -265,36 +265,60 @@ struct StoreEpilogue {
 };
 
 // Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz), from registers: each thread
-// reads the gate pairs of its fragment, the bf16 results go through a Staged16 tile and out in
-// rows of 16-byte chunks (element-wise where a strided row is not 16-byte aligned). (Staging
-// the fp32 tile and walking it made it shared-memory-instruction bound: MIO throttle and short
-// scoreboard were its top stalls.)
+// reads the gate pairs of its fragment (prefetched into shared memory in Staged16's layout while
+// the product runs), the bf16 results go through a Staged16 tile and out in rows of 16-byte
+// chunks (element-wise where a strided row is not 16-byte aligned). (Staging the fp32 tile and
+// walking it made it shared-memory-instruction bound: MIO throttle and short scoreboard were
+// its top stalls.)
 struct OutputEpilogue {
   Dims d;
   const float* bias;    // [C]
   const __half* gate;   // [M][C] sigmoid
   PairRef out;        // bf16
+
+  __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
+    const uint32_t s = dev::smem_addr(extra);
+#pragma unroll
+    for (int i = 0; i < kStagedChunksPerThread; ++i) {
+      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
+      const bool in = m0 + r < d.M() && n0 + 8 * k < d.C;
+      dev::cp_async_16(s + Staged16::chunk_at(r, k), gate + (in ? (m0 + r) * d.C + n0 + 8 * k : 0), in);
+    }
+    return true;
+  }
+
   __device__ void fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
     const int64_t M = d.M();
     const int C = static_cast<int>(d.C), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     row_offsets(t, [&](int r) { return m0 + r < M ? pair_offset(out, m0 + r, d.N) : int64_t{-1}; });
-    uint32_t pk[kFragMi][kFragNi][2];  // [m16][n8][row half] bf16 pairs of out
+    float b[kFragNi][2];  // [n8 tile][column of the pair] bias
 #pragma unroll
     for (int n = 0; n < kFragNi; ++n) {
       const int c = n0 + wn + 8 * n + 2 * tq;  // C is a multiple of 32: a pair is all in or all out
-      const float b0 = c < C ? bias[c] : 0.f, b1 = c < C ? bias[c + 1] : 0.f;
-#pragma unroll
-      for (int mi = 0; mi < kFragMi; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t m = m0 + wm + 16 * mi + 8 * h + g;
-          float2 s = make_float2(0.f, 0.f);
-          if (m < M && c < C) s = __half22float2(*reinterpret_cast<const __half2*>(gate + m * C + c));
-          pk[mi][n][h] = dev::MmaOp<__nv_bfloat16>::pack(s.x * (acc[mi][n][2 * h] + b0), s.y * (acc[mi][n][2 * h + 1] + b1));
-        }
+      b[n][0] = c < C ? bias[c] : 0.f, b[n][1] = c < C ? bias[c + 1] : 0.f;
     }
     const Staged16 st{reinterpret_cast<uint8_t*>(t.c)};
-    st.put(pk, wm, wn);
+#pragma unroll
+    for (int mi = 0; mi < kFragMi; ++mi) {
+      uint32_t pk[kFragNi][2];  // [n8 tile][row half] bf16 pairs of out
+#pragma unroll
+      for (int n = 0; n < kFragNi; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm + 16 * mi + 8 * h + g, c = n0 + wn + 8 * n + 2 * tq;
+          const int64_t m = m0 + r;
+          float2 s = make_float2(0.f, 0.f);  // the gate pair
+          if (t.prefetched) {
+            s = __half22float2(*reinterpret_cast<const __half2*>(static_cast<const uint8_t*>(t.extra) +
+                                                                 Staged16::chunk_at(r, (wn + 8 * n) / 8) + 4 * tq));
+          } else if (m < M && c < C) {
+            s = __half22float2(*reinterpret_cast<const __half2*>(gate + m * C + c));
+          }
+          pk[n][h] = dev::MmaOp<__nv_bfloat16>::pack(s.x * (acc[mi][n][2 * h] + b[n][0]),
+                                                     s.y * (acc[mi][n][2 * h + 1] + b[n][1]));
+        }
+      st.put(mi, pk, wm, wn);
+    }
     __syncthreads();
     auto* o = static_cast<__nv_bfloat16*>(out.ptr);
 #pragma unroll
@@ -306,9 +330,9 @@ struct OutputEpilogue {
       if (aligned16(dst)) {
         *reinterpret_cast<uint4*>(dst) = v;
       } else {
-        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};  // 2-byte stores (a local array's address would go to the stack)
 #pragma unroll
-        for (int x = 0; x < 8; ++x) dst[x] = e[x];
+        for (int x = 0; x < 8; ++x) dst[x] = __ushort_as_bfloat16(static_cast<unsigned short>(w[x / 2] >> (16 * (x % 2))));
       }
     }
   }

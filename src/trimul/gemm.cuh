@@ -108,18 +108,17 @@ constexpr bool fragments_only() {
 struct Staged16 {
   uint8_t* base;
   __device__ static int chunk_at(int r, int k) { return r * Cfg::kBlockN * 2 + ((k ^ (r & 7)) << 4); }  // bytes
-  // pk[mi][n][h]: the thread's packed pair (columns wn + 8n + 2t, + 1) at row wm + 16 mi + 8h + g.
-  __device__ void put(const uint32_t (&pk)[kFragMi][kFragNi][2], int wm, int wn) const {
+  // One m16 tile of a warp's fragments: pk[n][h], the thread's packed pair (columns wn + 8n + 2t,
+  // + 1) at row wm + 16 mi + 8h + g. (Per m16 tile, so that few packed values are live at once.)
+  __device__ void put(int mi, const uint32_t (&pk)[kFragNi][2], int wm, int wn) const {
     const int lane = threadIdx.x & 31, mx = lane >> 3, j = lane & 7;
     const uint32_t s = dev::smem_addr(base);
 #pragma unroll
-    for (int mi = 0; mi < kFragMi; ++mi)
-#pragma unroll
-      for (int k = 0; k < kFragNi / 2; ++k) {  // matrices (h, n) = (0, 2k), (0, 2k + 1), (1, 2k), (1, 2k + 1)
-        const uint32_t r[4] = {pk[mi][2 * k][0], pk[mi][2 * k + 1][0], pk[mi][2 * k][1], pk[mi][2 * k + 1][1]};
-        const int row = wm + 16 * mi + 8 * (mx >> 1) + j, chunk = (wn + 8 * (2 * k + (mx & 1))) / 8;
-        dev::stmatrix_x4(s + chunk_at(row, chunk), r);
-      }
+    for (int k = 0; k < kFragNi / 2; ++k) {  // matrices (h, n) = (0, 2k), (0, 2k + 1), (1, 2k), (1, 2k + 1)
+      const uint32_t r[4] = {pk[2 * k][0], pk[2 * k + 1][0], pk[2 * k][1], pk[2 * k + 1][1]};
+      const int row = wm + 16 * mi + 8 * (mx >> 1) + j, chunk = (wn + 8 * (2 * k + (mx & 1))) / 8;
+      dev::stmatrix_x4(s + chunk_at(row, chunk), r);
+    }
   }
   // The 16 bytes (8 columns from 8k) of row r.
   __device__ uint4 get(int r, int k) const { return *reinterpret_cast<const uint4*>(base + chunk_at(r, k)); }
