@@ -354,6 +354,105 @@ struct OutGradEpilogue {
   T* dlin;            // [M][P + 4Ch] (workspace.h)
   float* colsum_dy;   // [m-tiles][C]
   float* colsum_lin;  // [m-tiles][4Ch + C]
+
+  // From registers where dout's rows are 16-byte aligned and the gate-logit tile was prefetched
+  // (Ch <= 128): the logit tile (extra area) and dout's (after the product, into the tile area)
+  // in Staged16's layout; each thread computes its fragment's dy and d logit, and the three
+  // 16-bit results (dy high, dy low, d logit) go back through Staged16 tiles over the inputs'
+  // bytes (a warp rewrites only the chunks it read) and out in 16-byte row chunks. (The staged
+  // path's scalar shared traffic made it MIO-bound, like the output epilogue.)
+  __device__ bool dout_vectors() const {
+    return aligned16(dout.ptr) && dout.sb % 8 == 0 && dout.si % 8 == 0 && dout.sj % 8 == 0;
+  }
+  __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
+    if (!dout_vectors()) return false;
+    const uint32_t s = dev::smem_addr(extra);
+#pragma unroll
+    for (int i = 0; i < kStagedChunksPerThread; ++i) {
+      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
+      const bool in = m0 + r < d.M() && n0 + 8 * k < d.C;
+      dev::cp_async_16(s + Staged16::chunk_at(r, k), gate + (in ? (m0 + r) * d.C + n0 + 8 * k : 0), in);
+    }
+    return true;
+  }
+
+  __device__ bool fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
+    if (!t.prefetched) return false;
+    const int64_t M = d.M(), ldl = d.dlin_cols(), gcol = 4 * d.Ch, lds = d.proj_cols();
+    const int C = static_cast<int>(d.C), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const auto* go = static_cast<const __nv_bfloat16*>(dout.ptr);
+    row_offsets(t, [&](int r) { return m0 + r < M ? pair_offset(dout, m0 + r, d.N) : int64_t{-1}; });
+    const Staged16 hi{reinterpret_cast<uint8_t*>(t.c)};                // dout, then dy's high parts
+    const Staged16 lo{reinterpret_cast<uint8_t*>(t.c) + 32768};        // dy's low parts
+    const Staged16 dg{static_cast<uint8_t*>(t.extra)};                 // the logit, then its gradient
+    static_assert(2 * 32768 <= kEpiTileBytes, "dout and dy's low parts lie before the extra area");
+    {
+      const uint32_t s = dev::smem_addr(hi.base);
+#pragma unroll
+      for (int i = 0; i < kStagedChunksPerThread; ++i) {
+        const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
+        const bool in = t.rows[r] >= 0 && n0 + 8 * k < C;
+        dev::cp_async_16(s + Staged16::chunk_at(r, k), go + (in ? t.rows[r] + n0 + 8 * k : 0), in);
+      }
+      dev::cp_async_commit();
+      dev::cp_async_wait<0>();
+      __syncthreads();
+    }
+    float b[kFragNi][2];  // [n8 tile][column of the pair] bias
+#pragma unroll
+    for (int n = 0; n < kFragNi; ++n) {
+      const int c = n0 + wn + 8 * n + 2 * tq;  // C is a multiple of 32: a pair is all in or all out
+      b[n][0] = c < C ? bias[c] : 0.f, b[n][1] = c < C ? bias[c + 1] : 0.f;
+    }
+    float sdy[2 * kFragNi] = {}, sdg[2 * kFragNi] = {};  // [2n + e] column sums over this thread's rows
+#pragma unroll
+    for (int mi = 0; mi < kFragMi; ++mi) {
+      uint32_t phi[kFragNi][2], plo[kFragNi][2], pdg[kFragNi][2];  // [n8 tile][row half] packed pairs
+#pragma unroll
+      for (int n = 0; n < kFragNi; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm + 16 * mi + 8 * h + g, at = Staged16::chunk_at(r, (wn + 8 * n) / 8) + 4 * tq;
+          const float2 go2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hi.base + at));
+          const float2 lg2 = __half22float2(*reinterpret_cast<const __half2*>(dg.base + at));
+          const float gv[2] = {go2.x, go2.y}, lv[2] = {lg2.x, lg2.y};
+          float vdy[2], vdg[2], vlo[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float sg = sigmoid(lv[e]), yy = acc[mi][n][2 * h + e] + b[n][e];
+            vdy[e] = gv[e] * sg, vdg[e] = gv[e] * yy * sg * (1.f - sg);
+            sdy[2 * n + e] += vdy[e], sdg[2 * n + e] += vdg[e];
+            vlo[e] = vdy[e] - dev::to_float(dev::from_float<T>(vdy[e]));
+          }
+          phi[n][h] = dev::MmaOp<T>::pack(vdy[0], vdy[1]);
+          plo[n][h] = dev::MmaOp<T>::pack(vlo[0], vlo[1]);
+          pdg[n][h] = dev::MmaOp<T>::pack(vdg[0], vdg[1]);
+        }
+      __syncwarp();  // this warp's reads of these rows' chunks come before its rewrites of them
+      hi.put(mi, phi, wm, wn);
+      lo.put(mi, plo, wm, wn);
+      dg.put(mi, pdg, wm, wn);
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int i = 0; i < kStagedChunksPerThread; ++i) {
+      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16, c = n0 + 8 * k;
+      const int64_t m = m0 + r;
+      if (m >= M || c >= C) continue;
+      *reinterpret_cast<uint4*>(dy + m * 2 * C + c) = hi.get(r, k);
+      *reinterpret_cast<uint4*>(dy + m * 2 * C + C + c) = lo.get(r, k);
+      *reinterpret_cast<uint4*>(dlin + m * ldl + gcol + c) = dg.get(r, k);
+    }
+    const int64_t mt = m0 / Cfg::kBlockM;
+    const int cn = n0 + static_cast<int>(threadIdx.x);
+    auto col = [&](int i) { return wn + 8 * (i / 2) + 2 * tq + i % 2; };
+    const float tdy = fragment_column_sums(t, sdy, wm, col);
+    if (threadIdx.x < Cfg::kBlockN && cn < C) colsum_dy[mt * C + cn] = tdy;
+    const float tdg = fragment_column_sums(t, sdg, wm, col);
+    if (threadIdx.x < Cfg::kBlockN && cn < C) colsum_lin[mt * lds + gcol + cn] = tdg;
+    return true;
+  }
+
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const auto* go = static_cast<const __nv_bfloat16*>(dout.ptr);
     const int64_t ldl = d.dlin_cols(), gcol = 4 * d.Ch, lds = d.proj_cols();
@@ -501,20 +600,8 @@ struct ProjectBackwardEpilogue {
           *reinterpret_cast<uint4*>(row + lds) = dev::pack8<T>(lo);
         }
       }
-    // Column totals in a fixed order: the 8 row groups of the warp (shuffle tree), then the two
-    // warps of the block's column strip.
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1)
-#pragma unroll
-      for (int e = 0; e < 2 * kFragNi; ++e) sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], o);
-    __syncthreads();  // every row_mask read is done: the scratch takes the warps' sums
-    if (g == 0)
-#pragma unroll
-      for (int e = 0; e < 2 * kFragNi; ++e) t.scratch[(wm / Cfg::kWarpTileM) * Cfg::kBlockN + wn + 8 * tq + e] = sum[e];
-    __syncthreads();
-    if (threadIdx.x < Cfg::kBlockN)
-      colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] =
-          t.scratch[threadIdx.x] + t.scratch[Cfg::kBlockN + threadIdx.x];
+    const float tot = fragment_column_sums(t, sum, wm, [&](int e) { return wn + 8 * tq + e; });
+    if (threadIdx.x < Cfg::kBlockN) colsum_lin[(m0 / Cfg::kBlockM) * lds + n0 + threadIdx.x] = tot;
   }
 };
 

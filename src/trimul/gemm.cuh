@@ -123,6 +123,25 @@ struct Staged16 {
   // The 16 bytes (8 columns from 8k) of row r.
   __device__ uint4 get(int r, int k) const { return *reinterpret_cast<const uint4*>(base + chunk_at(r, k)); }
 };
+// Fixed-order column totals of a fragment epilogue's per-thread sums s[i] over its rows (tile
+// column col(i)): the warp's 8 row groups by a shuffle tree, then the block's two row halves in
+// order. Thread n < 128 gets column n's total. Every thread calls it; it synchronises (the
+// scratch may be read by the caller before: nothing of it survives).
+template <int kN, class Col>
+__device__ __forceinline__ float fragment_column_sums(const EpiTile& t, float (&s)[kN], int wm, Col&& col) {
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+    for (int i = 0; i < kN; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+  __syncthreads();
+  if ((threadIdx.x & 31) < 4)
+#pragma unroll
+    for (int i = 0; i < kN; ++i) t.scratch[(wm / Cfg::kWarpTileM) * Cfg::kBlockN + col(i)] = s[i];
+  __syncthreads();
+  static_assert(Cfg::kWarpsM == 2, "two row halves");
+  return threadIdx.x < Cfg::kBlockN ? t.scratch[threadIdx.x] + t.scratch[Cfg::kBlockN + threadIdx.x] : 0.f;
+}
+
 // Chunks of a staged tile per thread when the block walks it row by row (16 lanes per row).
 constexpr int kStagedChunksPerThread = Cfg::kBlockM * Cfg::kBlockN / 8 / Cfg::kThreads;
 
