@@ -232,6 +232,29 @@ struct StoreEpilogue {
   WeightRef col_scale{nullptr, 0, 0};
   static constexpr int kVec = 16 / static_cast<int>(sizeof(OutT));
 
+  // On the wgmma main loop: each thread stores its column pairs straight from registers (8 bytes
+  // of fp32 or 4 of 16-bit values; a quad covers 32 or 16 contiguous bytes of a row). ld and
+  // cols are even (the buffers' widths are multiples of 8).
+  __device__ void wgmma_fragments(const float (&acc)[64], int row0, int64_t m0, int n0, int z) const {
+    OutT* base = ptr + z * batch_stride;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < Cfg::kBlockN / 8; ++i) {
+      const int64_t c = n0 + 8 * i + 2 * t;
+      if (c >= cols) continue;
+      const float s0 = col_scale.ptr ? weight_at(col_scale, 0, c) : 1.f;
+      const float s1 = col_scale.ptr ? weight_at(col_scale, 0, c + 1) : 1.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = m0 + row0 + g + 8 * h;
+        if (m >= rows) continue;
+        const float v0 = acc[4 * i + 2 * h] * s0, v1 = acc[4 * i + 2 * h + 1] * s1;
+        if constexpr (sizeof(OutT) == 4) *reinterpret_cast<float2*>(base + m * ld + c) = make_float2(v0, v1);
+        else *reinterpret_cast<uint32_t*>(base + m * ld + c) = dev::MmaOp<OutT>::pack(v0, v1);
+      }
+    }
+  }
+
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int z) const {
     OutT* base = ptr + z * batch_stride;
     const VecWalk<kVec> w;

@@ -33,6 +33,16 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t tile, int rows_off, in
 
 }  // namespace detail
 
+// An epilogue may take the wgmma accumulators from registers by defining
+// `void wgmma_fragments(const float (&acc)[64], int row0, int m0, int n0, int z)`: thread
+// (g = lane / 4, t = lane % 4) of the warp whose 16 rows start at row0 holds acc[4i + e] at
+// (row0 + g + 8 (e / 2), column 8i + 2t + e % 2), i < 16. No shared memory is staged then.
+template <class Epi, class = void>
+struct HasWgmmaFragments : std::false_type {};
+template <class Epi>
+struct HasWgmmaFragments<Epi, std::void_t<decltype(std::declval<const Epi&>().wgmma_fragments(
+                                  std::declval<const float (&)[64]>(), 0, int64_t{0}, 0, 0))>> : std::true_type {};
+
 // One more KB than the mma.sync kernel: the stages start on a 1024-byte boundary (the swizzle
 // pattern's period), wherever the dynamic shared window begins.
 constexpr int kWgmmaSmemBytes = kGemmSmemBytes + 1024;
@@ -75,19 +85,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   dev::cp_async_wait<0>();
   __syncthreads();
 
-  const EpiTile tile = epi_tile(smem, false);
   const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, t = lane & 3;
-  stage_accumulators(epi, tile, bt.n0, [&](auto&& at) {
+  if constexpr (HasWgmmaFragments<Epi>::value) {
+    epi.wgmma_fragments(acc, 64 * wg + 16 * w, bt.m0, bt.n0, bt.z);
+  } else {
+    const EpiTile tile = epi_tile(smem, false);
+    stage_accumulators(epi, tile, bt.n0, [&](auto&& at) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kBlockN / 8; ++i) {
-      const int r = 64 * wg + 16 * w + g, n = 8 * i + 2 * t;
-      at(r, n) = acc[4 * i];
-      at(r, n + 1) = acc[4 * i + 1];
-      at(r + 8, n) = acc[4 * i + 2];
-      at(r + 8, n + 1) = acc[4 * i + 3];
-    }
-  });
-  epi(tile, bt.m0, bt.n0, bt.z);
+      for (int i = 0; i < Cfg::kBlockN / 8; ++i) {
+        const int r = 64 * wg + 16 * w + g, n = 8 * i + 2 * t;
+        at(r, n) = acc[4 * i];
+        at(r, n + 1) = acc[4 * i + 1];
+        at(r + 8, n) = acc[4 * i + 2];
+        at(r + 8, n + 1) = acc[4 * i + 3];
+      }
+    });
+    epi(tile, bt.m0, bt.n0, bt.z);
+  }
 }
 
 // launch_gemm's contract (gemm.cuh) on the wgmma main loop (split-K included); epilogue
