@@ -390,7 +390,7 @@ struct OutGradEpilogue {
   __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
     if (!dout_vectors()) return false;
     const uint32_t s = dev::smem_addr(extra);
-#pragma unroll
+#pragma unroll 1  // few registers: they are scarce before the main loop here
     for (int i = 0; i < kStagedChunksPerThread; ++i) {
       const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
       const bool in = m0 + r < d.M() && n0 + 8 * k < d.C;
