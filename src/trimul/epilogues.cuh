@@ -301,13 +301,8 @@ struct OutputEpilogue {
   PairRef out;        // bf16
 
   __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
-    const uint32_t s = dev::smem_addr(extra);
-#pragma unroll
-    for (int i = 0; i < kStagedChunksPerThread; ++i) {
-      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
-      const bool in = m0 + r < d.M() && n0 + 8 * k < d.C;
-      dev::cp_async_16(s + Staged16::chunk_at(r, k), gate + (in ? (m0 + r) * d.C + n0 + 8 * k : 0), in);
-    }
+    const auto row = [&](int r) { return m0 + r < d.M() ? gate + (m0 + r) * d.C : nullptr; };
+    stage16_async<__half>(dev::smem_addr(extra), row, n0, d.C);
     return true;
   }
 
@@ -356,7 +351,8 @@ struct OutputEpilogue {
       } else {
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};  // 2-byte stores (a local array's address would go to the stack)
 #pragma unroll
-        for (int x = 0; x < 8; ++x) dst[x] = __ushort_as_bfloat16(static_cast<unsigned short>(w[x / 2] >> (16 * (x % 2))));
+        for (int x = 0; x < 8; ++x)
+          dst[x] = __ushort_as_bfloat16(static_cast<unsigned short>(w[x / 2] >> (16 * (x % 2))));
       }
     }
   }
@@ -390,13 +386,8 @@ struct OutGradEpilogue {
   }
   __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
     if (!dout_vectors()) return false;
-    const uint32_t s = dev::smem_addr(extra);
-#pragma unroll 1  // few registers: they are scarce before the main loop here
-    for (int i = 0; i < kStagedChunksPerThread; ++i) {
-      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
-      const bool in = m0 + r < d.M() && n0 + 8 * k < d.C;
-      dev::cp_async_16(s + Staged16::chunk_at(r, k), gate + (in ? (m0 + r) * d.C + n0 + 8 * k : 0), in);
-    }
+    const auto row = [&](int r) { return m0 + r < d.M() ? gate + (m0 + r) * d.C : nullptr; };
+    stage16_async<__half>(dev::smem_addr(extra), row, n0, d.C);
     return true;
   }
 
@@ -410,18 +401,11 @@ struct OutGradEpilogue {
     const Staged16 lo{reinterpret_cast<uint8_t*>(t.c) + 32768};        // dy's low parts
     const Staged16 dg{static_cast<uint8_t*>(t.extra)};                 // the logit, then its gradient
     static_assert(2 * 32768 <= kEpiTileBytes, "dout and dy's low parts lie before the extra area");
-    {
-      const uint32_t s = dev::smem_addr(hi.base);
-#pragma unroll
-      for (int i = 0; i < kStagedChunksPerThread; ++i) {
-        const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
-        const bool in = t.rows[r] >= 0 && n0 + 8 * k < C;
-        dev::cp_async_16(s + Staged16::chunk_at(r, k), go + (in ? t.rows[r] + n0 + 8 * k : 0), in);
-      }
-      dev::cp_async_commit();
-      dev::cp_async_wait<0>();
-      __syncthreads();
-    }
+    const auto row = [&](int r) { return t.rows[r] >= 0 ? go + t.rows[r] : nullptr; };
+    stage16_async<__nv_bfloat16>(dev::smem_addr(hi.base), row, n0, C);
+    dev::cp_async_commit();
+    dev::cp_async_wait<0>();
+    __syncthreads();
     float b[kFragNi][2];  // [n8 tile][column of the pair] bias
 #pragma unroll
     for (int n = 0; n < kFragNi; ++n) {

@@ -145,6 +145,20 @@ __device__ __forceinline__ float fragment_column_sums(const EpiTile& t, float (&
 // Chunks of a staged tile per thread when the block walks it row by row (16 lanes per row).
 constexpr int kStagedChunksPerThread = Cfg::kBlockM * Cfg::kBlockN / 8 / Cfg::kThreads;
 
+// cp.async of a 16-bit [128 rows][128 columns] tile into Staged16's layout at shared address s:
+// row r's columns n0 .. n0 + 127 from row_ptr(r) (nullptr past the rows), columns past `cols`
+// (a multiple of 8) zero-filled. The caller commits and waits.
+template <class T, class RowPtr>
+__device__ __forceinline__ void stage16_async(uint32_t s, RowPtr&& row_ptr, int n0, int64_t cols) {
+#pragma unroll 1  // a prologue loop: registers are scarcer than issue slots before a main loop
+  for (int i = 0; i < kStagedChunksPerThread; ++i) {
+    const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16;
+    const T* row = row_ptr(r);
+    const bool in = row != nullptr && n0 + 8 * k < cols;
+    dev::cp_async_16(s + Staged16::chunk_at(r, k), in ? row + n0 + 8 * k : row_ptr(0), in);
+  }
+}
+
 // Vector walk of the tile for epilogues that store pixel-major: each lane owns kVec consecutive
 // columns (one 16-byte store of 16-bit values for kVec = 8, of fp32 for kVec = 4) of kItems
 // rows. A warp covers kVec rows x 32 columns per item, lane (r_in = lane % kVec, j = lane /
