@@ -30,23 +30,13 @@ __device__ __forceinline__ const float* stage_bias(const EpiTile& t, const float
 template <class T>
 __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
 
-// Eight consecutive rows [8 grp, 8 grp + 8) of a float row in shared memory, as two 16-byte
-// reads. Lanes of a quarter-warp read groups 0..7: groups 4..7 fetch their halves in the other
-// order, so the eight reads of each phase cover the 32 banks once (no 2-way conflict).
-__device__ __forceinline__ void load8(float (&v)[8], const float* row, int grp) {
-  const int h = (grp >> 2) & 1;
-  const float4 x = *reinterpret_cast<const float4*>(row + 8 * grp + 4 * h);
-  const float4 y = *reinterpret_cast<const float4*>(row + 8 * grp + 4 * (1 - h));
-  const float4 lo = h ? y : x, hi = h ? x : y;
-  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-}
-
 // Input projection. Columns of the concatenated weight come in groups of 128 for 64 channels of
 // [a | b] (2Ch channels), each channel's projection then its gate (dlin_order.h), so one tile
 // holds both factors of a = sigmoid(g) * p * mask; after the 4Ch a/b columns come the C
-// output-gate columns. a and b go channel-major (the triangle product's operands, T) and, where asked, as
-// bf16 copies (a saving forward keeps them for the backward's bf16 products); the output gate
-// pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the backward's).
+// output-gate columns. a and b go channel-major (the triangle product's operands, T) and, where
+// asked, as bf16 copies (a saving forward keeps them for the backward's bf16 products); the
+// output gate pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the
+// backward's).
 template <class T>
 struct ProjectEpilogue {
   Dims d;
@@ -133,9 +123,8 @@ struct ProjectEpilogue {
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const int64_t M = d.M();
     const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128] this tile's
-    if (n0 < 4 * d.Ch) {
-      if (d.N % 8 == 0) project_ab_vectorized(t, m0, n0, bs);
-      else project_ab_scalar(t, m0, n0, bs);
+    if (n0 < 4 * d.Ch) {  // N % 8 != 0 (fragments() took the others)
+      project_ab_scalar(t, m0, n0, bs);
     } else {  // output gate, pixel-major fp16, 8 channels per store
       const VecWalk<8> w;
       const int c = n0 - 4 * static_cast<int>(d.Ch) + w.col();
@@ -154,44 +143,6 @@ struct ProjectEpilogue {
         for (int e = 0; e < 8; ++e) v[e] = sigmoid(v[e]);
         *reinterpret_cast<uint4*>(gate + m * d.C + c) = pack16<__half>(v);
       }
-    }
-  }
-
-  // N % 8 == 0: no row pads (Np == N), and 8 consecutive pixels from a multiple of 8 stay in one
-  // row of one channel matrix, 16-byte aligned: one vector store per (channel, 8 pixels). A
-  // half-warp covers one channel's 128 pixels (256 contiguous bytes).
-  __device__ void project_ab_vectorized(const EpiTile& t, int64_t m0, int n0, const float* bs) const {
-    const int64_t M = d.M();
-    float* mk = t.scratch + Cfg::kBlockN;  // [128] the tile's pixel masks (scratch's upper half)
-    static_assert(Cfg::kThreads >= 2 * Cfg::kBlockN, "bias and masks share the scratch");
-    if (threadIdx.x < Cfg::kBlockM) {
-      const int64_t m = m0 + threadIdx.x;
-      mk[threadIdx.x] = m < M ? mask_at(mask, m, d.N) : 0.f;
-      if (threadIdx.x % 8 == 0) t.rows[threadIdx.x] = m < M ? cm_offset(d, m, 0) : 0;
-    }
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane % 16;
-    const int64_t plane = d.plane();
-    const int Ch = static_cast<int>(d.Ch);
-    if (m0 + 8 * grp >= M) return;  // M % 8 == 0 here: groups are all in or all out
-    const int64_t base = t.rows[8 * grp];
-    float m8[8];  // [pixel] masks of this thread's 8 pixels
-    load8(m8, mk, grp);
-    constexpr int kWarps = Cfg::kThreads / 32;
-#pragma unroll
-    for (int k = 0; k < 64 / (2 * kWarps); ++k) {
-      const int c = 2 * (warp + kWarps * k) + lane / 16;  // tile channel in [0, 64)
-      float p8[8], g8[8];  // [pixel] projection and gate logit
-      load8(p8, &t.at_cm(0, 2 * c), grp);
-      load8(g8, &t.at_cm(0, 2 * c + 1), grp);
-      const float bp = bs[2 * c], bg = bs[2 * c + 1];
-      float v[8];  // [pixel] a or b
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = sigmoid(g8[i] + bg) * (p8[i] + bp) * m8[i];
-      const int ch = n0 / 2 + c;
-      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + base;
-      *reinterpret_cast<uint4*>((ch < Ch ? a : b) + off) = pack16<T>(v);
-      if (a_bf) *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) = pack16<__nv_bfloat16>(v);
     }
   }
 
