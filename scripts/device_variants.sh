@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Compares builds of the multiplicative update on the GPU machine: for each BIN_DIR, the trimul
-# GPU tests (without the N = 3072 case), `tpf bench` at N = 384 and 768 and per-kernel times;
-# with ACC=1 also `tpf trimul-table` (N = 384, 768) and the Python accuracy table (384, 768).
-# Usage: [ACC=1] scripts/device_variants.sh BIN_DIR...
+# Compares builds on the GPU machine, one after another in one call: for each BIN_DIR, the op's
+# GPU tests, `tpf bench` and (trimul) per-kernel times; with ACC=1 (trimul) also
+# `tpf trimul-table` (N = 384, 768) and the Python accuracy table (384, 768).
+# OP=trimul (default) or OP=attention (GPU tests *Attention*, `tpf bench --n 384,768 --d 16,32`).
+# At most 8 files come back from $OUT: tar them when comparing more than one build.
+# Usage: [OP=attention] [ACC=1] scripts/device_variants.sh BIN_DIR...
 set -u
 OUT=${OUT:-/tmp/out}
+OP=${OP:-trimul}
 for BIN in "$@"; do
   o="$OUT/$(basename "$BIN")"; mkdir -p "$o"
+  if [ "$OP" = attention ]; then
+    timeout 300 "$BIN/tpf_gpu_tests" --gtest_filter='*Attention*' --gtest_brief=1 > "$o/gtest.txt" 2>&1
+    echo "== $BIN gtests rc=$? $(tail -1 "$o/gtest.txt")"; grep -E "^\[  FAILED" "$o/gtest.txt" | head -6
+    "$BIN/tpf" bench --n 384,768 --d 16,32 --iters 20 > "$o/bench.txt" 2>&1
+    continue
+  fi
   timeout 150 "$BIN/tpf_gpu_tests" --gtest_filter='*Trimul*:-*Large*' --gtest_brief=1 > "$o/gtest.txt" 2>&1
   echo "== $BIN gtests rc=$? $(tail -1 "$o/gtest.txt")"; grep -E "^\[  FAILED|error/floor" "$o/gtest.txt" | head -6
   "$BIN/tpf" bench --op trimul --n 384,768 --iters 20 > "$o/bench.txt" 2>&1
@@ -21,5 +30,7 @@ for BIN in "$@"; do
 done
 for BIN in "$@"; do
   o="$OUT/$(basename "$BIN")"
-  echo "== $BIN"; head -6 "$o/kernel_times.txt"; tail -2 "$o/bench.txt"
+  echo "== $BIN"
+  [ -f "$o/kernel_times.txt" ] && head -6 "$o/kernel_times.txt"
+  tail -5 "$o/bench.txt"
 done
