@@ -7,8 +7,9 @@
 // and the weight-gradient products dW = dYᵀ X all run on the same main loop without copies.
 //
 // blockIdx.z is either a batch index (operands advance by batch_stride) or, for split-K, the
-// index of a chunk of k_chunk rows of K. The epilogue receives the fp32 tile in shared memory
-// and writes whatever its stage needs, in whatever walk order coalesces its stores.
+// index of a chunk of k_chunk rows of K. The epilogue receives the fp32 tile in shared memory,
+// or the accumulators in registers (fragments(), for element-wise epilogues), and writes
+// whatever its stage needs, in whatever walk order coalesces its stores.
 #pragma once
 #include <cuda_runtime.h>
 
