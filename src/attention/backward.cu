@@ -109,37 +109,56 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
   T* qdS = sdS + quad * BK * BQ;
   float* qdSf = sdSf + quad * BK * FS;
 
-  // dQ row `q` of slice group member `m` in the fp32 accumulator [B,S,H,N,D] (nullptr if out
-  // of range). Consecutive slices are H*N*D floats apart.
-  const int64_t dq_slice_stride = static_cast<int64_t>(H) * N * D;
-  auto dq_row = [&](int sg, int m, int q) -> float* {
-    if (sg * G + m >= S || q >= N) return nullptr;
-    return a.dq_acc + ((static_cast<int64_t>(b) * S + sg * G) * H + h) * N * D + m * dq_slice_stride +
-           q * D;
+  // fp32 dQ tiles [G][BQ][D] (sDq, sDqOld <-> dq_acc) move in 16-byte chunks: thread tid takes
+  // column 4 (tid % (D/4)) of rows tid / (D/4) + it * kDqRows, rows counted over the G members'
+  // BQ rows. kDqRows divides BQ, so an unrolled iteration's member and row step are constants and
+  // a chunk's address is one per-call base plus immediates (no 64-bit math per chunk). Both
+  // functions map each chunk to the same thread: a thread reads back only what its own cp.async
+  // fetched, so waiting for its own copies is enough, with no barrier.
+  constexpr int kDqRows = NT / (D / 4), kDqIters = G * BQ / kDqRows;
+  static_assert(NT % (D / 4) == 0 && BQ % kDqRows == 0, "whole dQ rows per iteration");
+  constexpr int kDqUnroll = kDqIters <= 4 ? kDqIters : 1;  // D = 128's 8 chunks spill unrolled
+  const int64_t dq_slice_stride = static_cast<int64_t>(H) * N * D;  // consecutive slices
+  // This thread's chunk of member 0 at step qi, its tile offset (row * D + column) and the
+  // rows / members that exist (the last query tile and slice group may be partial).
+  struct DqChunk {
+    float* g;
+    int tile_off, rows_left, members;
   };
-  // The pending step's dQ (sDq) and the sum of the earlier key tiles (sDqOld, kb > 0) map
-  // element i to thread i % NT in both functions below: each thread reads back only what its own
-  // cp.async fetched, so waiting for its own copies is enough, with no barrier.
+  auto dq_chunk = [&](int sg, int qi) {
+    const int r0 = tid / (D / 4), c = 4 * (tid % (D / 4));
+    return DqChunk{a.dq_acc + ((static_cast<int64_t>(b) * S + sg * G) * H + h) * static_cast<int64_t>(N) * D +
+                       (qi * BQ + r0) * D + c,
+                   r0 * D + c, N - qi * BQ - r0, min(G, S - sg * G)};
+  };
   auto fetch_dq_old = [&](int sg, int qi) {
-    for (int i = tid; i < G * BQ * D / 4; i += NT) {
-      const int m = i / (BQ * D / 4), q = (i / (D / 4)) % BQ, c = i % (D / 4);
-      const float* row = dq_row(sg, m, qi * BQ + q);
-      if (row) dev::cp_async_16(sDqOld + (m * BQ + q) * D + 4 * c, row + 4 * c, true);
+    const DqChunk ch = dq_chunk(sg, qi);
+#pragma unroll kDqUnroll
+    for (int it = 0; it < kDqIters; ++it) {
+      const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this thread's row
+      if (m < ch.members && q < ch.rows_left)
+        dev::cp_async_16(sDqOld + (m * BQ + q) * D + ch.tile_off, ch.g + m * dq_slice_stride + q * D, true);
     }
   };
   auto finish_dq = [&](int sg, int qi) {
-    for (int i = tid; i < G * BQ * D / 4; i += NT) {
-      const int m = i / (BQ * D / 4), q = (i / (D / 4)) % BQ, c = i % (D / 4);
-      float* row = dq_row(sg, m, qi * BQ + q);
-      if (!row) continue;
-      float4 v = reinterpret_cast<const float4*>(sDq + (m * BQ + q) * D)[c];
+    const DqChunk ch = dq_chunk(sg, qi);
+#pragma unroll kDqUnroll
+    for (int it = 0; it < kDqIters; ++it) {
+      const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;
+      if (m >= ch.members || q >= ch.rows_left) continue;
+      float4 v = *reinterpret_cast<const float4*>(sDq + (m * BQ + q) * D + ch.tile_off);
       if (kb > 0) {
-        const float4 o = reinterpret_cast<const float4*>(sDqOld + (m * BQ + q) * D)[c];
+        const float4 o = *reinterpret_cast<const float4*>(sDqOld + (m * BQ + q) * D + ch.tile_off);
         v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);  // earlier tiles first
       }
-      reinterpret_cast<float4*>(row)[c] = v;
+      *reinterpret_cast<float4*>(ch.g + m * dq_slice_stride + q * D) = v;
     }
   };
+
+  // The dbias partial so far [BK][BQ] fp32 of a step (sOld <- part): thread tid fetches column
+  // part_c of rows part_r0 + it * kPartRows, likewise fixed.
+  constexpr int kPartRows = NT / (BQ / 4), kPartIters = BK / kPartRows;
+  static_assert(NT % (BQ / 4) == 0 && BK % kPartRows == 0, "dbias chunks: whole rows per iteration");
 
   auto turn_of = [&](int sg, int qi) {
     return a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
@@ -175,10 +194,10 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
       }
       bias_copier.copy(sBias + st * L::kBiasBytes, a.bias, gBias, q0, k0, N, tid);
       if (part && !first_group)
-        for (int i = tid; i < BK * BQ / 4; i += NT) {
-          const int k = i / (BQ / 4), c = i % (BQ / 4);
-          dev::cp_async_16(sOld + st * BK * FS + k * FS + 4 * c,
-                           part + static_cast<int64_t>(k) * a.part_cols + q0 + 4 * c, true);
+#pragma unroll
+        for (int it = 0; it < kPartIters; ++it) {
+          const int k = tid / (BQ / 4) + it * kPartRows, c = 4 * (tid % (BQ / 4));
+          dev::cp_async_16(sOld + st * BK * FS + k * FS + c, part + k * a.part_cols + q0 + c, true);
         }
     };
 
@@ -232,17 +251,31 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
       }
 
       // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
+      // 16-bit bias by ldmatrix.x4.trans: S^T pairs of n-tiles nt, nt + 1 (loaded at even nt).
+      // Not at D = 128, whose registers are all taken (the extra four spill).
+      constexpr bool kBiasX4 = sizeof(BiasT) == 2 && D <= 64;
+      uint32_t bp[4];
 #pragma unroll
-      for (int nt = 0; nt < QT; ++nt)
+      for (int nt = 0; nt < QT; ++nt) {
+        if constexpr (kBiasX4) {
+          if (nt % 2 == 0) bias_pairs_x4<BiasT, BQ, BK, true>(bp, tBias, wq * 16, nt * 8, lane);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, q = nt * 8 + 2 * t + (e & 1);
-          const float bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
+          float bias;
+          if constexpr (kBiasX4) {
+            const float2 pair = dev::pair_to_float2<BiasT>(bp[2 * (nt % 2) + r]);
+            bias = e & 1 ? pair.y : pair.x;
+          } else {
+            bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
+          }
           const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
           const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
           sT[nt][e] = p;
           dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
         }
+      }
 
       // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
 #pragma unroll
@@ -301,7 +334,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
               sum.x += d.x;
               sum.y += d.y;
             }
-            *reinterpret_cast<float2*>(part + static_cast<int64_t>(krow[r]) * a.part_cols + q0 + q) = sum;
+            *reinterpret_cast<float2*>(part + krow[r] * a.part_cols + q0 + q) = sum;  // block rows: 31 bits
           }
         }
       }

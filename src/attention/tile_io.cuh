@@ -134,6 +134,26 @@ __device__ __forceinline__ float2 bias_pair_at(const uint8_t* tile, int r, int c
   }
 }
 
+// 16-bit bias pairs of two 8 x 8 blocks' worth of an MMA C fragment, in one ldmatrix.x4
+// instead of four shared loads: the fragment of 16 rows (row0 + g, + 8) x 16 columns (c0 + 2t,
+// + 1 and the next n8 tile) of the tile (kTrans = false: rows are queries, columns keys, as the
+// forward's S), or of its transpose (kTrans = true: rows are keys, columns queries, the
+// backward's S^T). b[0], b[1]: rows g, g + 8 of the first n8 tile; b[2], b[3]: of the second.
+// The padded rows (16 bytes past 16-byte multiples) put the 8 rows each matrix reads in
+// distinct banks.
+template <class BiasT, int ROWS, int COLS, bool kTrans>
+__device__ __forceinline__ void bias_pairs_x4(uint32_t (&b)[4], const uint8_t* tile, int row0, int c0, int lane) {
+  using Tile = BiasTile<BiasT, ROWS, COLS>;
+  static_assert(sizeof(BiasT) == 2 && Tile::kRowBytes % 16 == 0, "16-bit rows of 16-byte chunks");
+  const int mx = lane >> 3, j = lane & 7;
+  const int fr = row0 + 8 * (mx & 1), fc = c0 + 8 * (mx >> 1);  // this lane's matrix: fragment rows, columns
+  if constexpr (kTrans) {  // matrix rows are the fragment's columns (queries), 16 bytes of 8 keys
+    dev::ldmatrix_x4_trans(b, tile + (fc + j) * Tile::kRowBytes + fr * 2);
+  } else {
+    dev::ldmatrix_x4(b, tile + (fr + j) * Tile::kRowBytes + fc * 2);
+  }
+}
+
 // Whether key k of slice (b, s) is attended (in range and not masked out).
 __device__ __forceinline__ bool key_attended(const MaskRef& m, int b, int s, int k, int n) {
   if (k >= n) return false;
