@@ -11,41 +11,38 @@ namespace tpf::attn {
 using dev::swizzle;
 using dev::tile_at;
 
-// Copies ROWS x D tiles of a (b, s, h) slice into swizzled shared tiles with cp.async. The
-// chunks each thread copies are fixed, so their rows, columns and shared offsets are computed
-// once (constructor) and every tile costs one address computation and one LDGSTS per chunk.
-// Rows at or past n_rows are zero-filled.
+// Copies ROWS x D tiles of a (b, s, h) slice into swizzled shared tiles with cp.async. Thread
+// tid copies the 16-byte column chunk tid % (D/8) of rows r0 + it * kRowStep: kRowStep is a
+// multiple of the swizzle period (8 rows), so every chunk's shared offset is the thread's first
+// one plus a constant, and the thread keeps two integers instead of per-chunk tables (which the
+// compiler rematerialised in the loop under register pressure). Rows at or past n_rows are
+// zero-filled: their copies read 0 bytes, so their (out-of-range) source addresses are never
+// dereferenced and need no clamping.
 template <int D, int ROWS, int THREADS>
 struct TileCopier {
-  static constexpr unsigned kChunks = D / 8, kTotal = ROWS * kChunks;  // 16-byte chunks
-  static constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
-  int row[kIters];       // tile row of each chunk (ROWS marks "none" when THREADS doesn't divide)
-  int col[kIters];       // its first element
-  uint32_t dst[kIters];  // its byte offset in the tile
+  static constexpr int kChunks = D / 8;                  // 16-byte chunks per row
+  static constexpr int kRowStep = THREADS / kChunks;     // rows one pass of the block covers
+  static constexpr int kIters = ROWS / kRowStep;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowStep == 0 && kRowStep % 8 == 0,
+                "whole rows per pass, a multiple of the swizzle period");
+  int r0, c0;    // this thread's first tile row and its column (element)
+  uint32_t dst;  // byte offset of its first chunk in the tile
 
-  __device__ __forceinline__ explicit TileCopier(int tid) {
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const unsigned i = tid + it * THREADS;
-      const bool has = kTotal % THREADS == 0 || i < kTotal;
-      row[it] = has ? static_cast<int>(i / kChunks) : ROWS;
-      col[it] = has ? static_cast<int>(i % kChunks) * 8 : 0;
-      dst[it] = has ? 2 * (row[it] * D + swizzle<D>(row[it], col[it] / 8) * 8) : 0;
-    }
-  }
+  __device__ __forceinline__ explicit TileCopier(int tid)
+      : r0(tid / kChunks), c0((tid % kChunks) * 8), dst(2 * (r0 * D + swizzle<D>(r0, c0 / 8) * 8)) {}
 
   template <class T>
   __device__ __forceinline__ void copy(T* tile, const T* slice, int64_t row_stride, int row0,
                                        int n_rows) const {
-    const uint32_t base = dev::smem_addr(tile);
+    const uint32_t base = dev::smem_addr(tile) + dst;
     const int stride = static_cast<int>(row_stride);  // in-slice offsets fit 31 bits (host check)
+    const int row = row0 + r0;
+    const T* src = slice + row * stride + c0;
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      if (kTotal % THREADS != 0 && row[it] == ROWS) break;
-      const bool valid = row0 + row[it] < n_rows;
-      const T* src = slice + (valid ? (row0 + row[it]) * stride + col[it] : 0);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + dst[it]),
-                   "l"(src), "r"(valid ? 16 : 0));
+      const bool valid = row + it * kRowStep < n_rows;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + it * kRowStep * D * 2),
+                   "l"(src + it * kRowStep * stride), "r"(valid ? 16 : 0));
     }
   }
 };
@@ -69,41 +66,34 @@ struct BiasTile {
 };
 
 // Loads bias tiles (query rows x key columns) of one (b, h). Vector path (key stride 1, rows
-// 16-byte aligned): 16-byte cp.async chunks with fixed per-thread geometry, zero-filled past N.
-// Other strides: scalar loads.
+// 16-byte aligned): 16-byte cp.async chunks, thread tid taking column chunk tid % kChunks of rows
+// r0 + it * kRowStep (fixed geometry, as TileCopier), zero-filled past N. Other strides: scalar
+// loads.
 template <class BiasT, int ROWS, int COLS, int THREADS>
 struct BiasCopier {
   using Tile = BiasTile<BiasT, ROWS, COLS>;
   static constexpr int kEsize = sizeof(BiasT), kPerChunk = 16 / kEsize;
-  static constexpr unsigned kChunks = COLS / kPerChunk, kTotal = ROWS * kChunks;
-  static constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
-  int row[kIters], col[kIters];
-  uint32_t dst[kIters];
+  static constexpr int kChunks = COLS / kPerChunk;  // per row
+  static constexpr int kRowStep = THREADS / kChunks, kIters = ROWS / kRowStep;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowStep == 0, "whole rows per pass");
+  int r0, c0;  // this thread's first row and its column
 
-  __device__ __forceinline__ explicit BiasCopier(int tid) {
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const unsigned i = tid + it * THREADS;
-      const bool has = kTotal % THREADS == 0 || i < kTotal;
-      row[it] = has ? static_cast<int>(i / kChunks) : ROWS;
-      col[it] = has ? static_cast<int>(i % kChunks) * kPerChunk : 0;
-      dst[it] = has ? row[it] * Tile::kRowBytes + col[it] * kEsize : 0;
-    }
-  }
+  __device__ __forceinline__ explicit BiasCopier(int tid)
+      : r0(tid / kChunks), c0((tid % kChunks) * kPerChunk) {}
 
   // Rows [q0, q0+ROWS) x keys [k0, k0+COLS); `g` points at bias[b,0,h,0,0].
   __device__ __forceinline__ void copy(uint8_t* tile, const BiasRef& bias, const BiasT* g, int q0,
                                        int k0, int n, int tid) const {
     if (bias.vec16) {
-      const uint32_t base = dev::smem_addr(tile);
+      const uint32_t base = dev::smem_addr(tile) + r0 * Tile::kRowBytes + c0 * kEsize;
+      const int q = q0 + r0, k = k0 + c0, sq = static_cast<int>(bias.sq);
+      const int bytes = min(16, max(0, (n - k) * kEsize));  // of this column chunk, in range
+      const BiasT* src = g + q * sq + k;
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
-        if (kTotal % THREADS != 0 && row[it] == ROWS) break;
-        const int q = q0 + row[it], k = k0 + col[it];
-        const int valid = (q < n && k < n) ? min(16, (n - k) * kEsize) : 0;
-        const BiasT* src = g + (valid ? q * static_cast<int>(bias.sq) + k : 0);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + dst[it]),
-                     "l"(src), "r"(valid));
+        const int valid = q + it * kRowStep < n ? bytes : 0;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + it * kRowStep * Tile::kRowBytes),
+                     "l"(src + it * kRowStep * sq), "r"(valid));
       }
     } else {
       for (int i = tid; i < ROWS * COLS; i += THREADS) {
