@@ -258,7 +258,8 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt) {
         if constexpr (kBiasX4) {
-          if (nt % 2 == 0) bias_pairs_x4<BiasT, BQ, BK, true>(bp, tBias, wq * 16, nt * 8, lane);
+          using X4 = BiasX4<BiasT, BQ, BK, true>;
+          if (nt % 2 == 0) X4::load(bp, dev::smem_addr(tBias) + X4::offset(wq * 16, lane) + nt * 8 * X4::kColStep);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         for (int r = 0; r < 2; ++r) {
           const float d0 = dpT[nt][2 * r], d1 = dpT[nt][2 * r + 1];
           *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) = Mma::pack(d0, d1);
-          if (G > 1 && part)
+          if (G > 1 && part && nt / (QT / G) != quad)  // only the n-tiles other quads finish
             *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) = make_float2(d0, d1);
         }
       // The previous step's dQ: its earlier sum has been fetching during the math above.

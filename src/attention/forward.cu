@@ -59,16 +59,20 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads) forward_kernel(const F
     kv_copier.copy(sV + stage * BK * D, gV, a.v.sn, tile * BK, N);
     bias_copier.copy(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
   };
-  // Key mask of a tile as 0 / -inf, for thread tid < BK. Loaded two tiles ahead into a
-  // register so that its latency never sits in front of a barrier.
-  auto mask_of = [&](int tile) {
+  // Key mask of a tile for thread tid < BK: the raw byte (0 = masked; keys past N read as 0),
+  // loaded two tiles ahead into a register and turned into 0 / -inf only when stored a tile
+  // later, so that nothing waits for the load (converting at the load stalled every tile).
+  auto mask_byte = [&](int tile) {
     const int k = tile * BK + tid;
-    return k < N && (!gMask || gMask[k * a.mask.sk]) ? 0.f : -INFINITY;
+    int v = 0;
+    if (k < N) v = gMask ? gMask[k * a.mask.sk] : 1;
+    return v;
   };
-  float mask_ahead = 0.f;
+  auto mask_add = [](int byte) { return byte ? 0.f : -INFINITY; };
+  int mask_ahead = 0;
   if (tid < BK) {
-    sMask[tid] = mask_of(0);
-    mask_ahead = mask_of(1);
+    sMask[tid] = mask_add(mask_byte(0));
+    mask_ahead = mask_byte(1);
   }
 
   TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
@@ -91,8 +95,8 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads) forward_kernel(const F
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
     if (tid < BK) {
-      sMask[((j + 1) % Cfg::kStages) * BK + tid] = mask_ahead;
-      mask_ahead = mask_of(j + 2);
+      sMask[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
+      mask_ahead = mask_byte(j + 2);
     }
     dev::cp_async_wait<1>();
     __syncthreads();

@@ -130,19 +130,25 @@ __device__ __forceinline__ float2 bias_pair_at(const uint8_t* tile, int r, int c
 // forward's S), or of its transpose (kTrans = true: rows are keys, columns queries, the
 // backward's S^T). b[0], b[1]: rows g, g + 8 of the first n8 tile; b[2], b[3]: of the second.
 // The padded rows (16 bytes past 16-byte multiples) put the 8 rows each matrix reads in
-// distinct banks.
+// distinct banks. The lane's byte offset for c0 = 0 is computed once (bias_x4_offset); column
+// c0 adds the constant bias_x4_step * c0.
 template <class BiasT, int ROWS, int COLS, bool kTrans>
-__device__ __forceinline__ void bias_pairs_x4(uint32_t (&b)[4], const uint8_t* tile, int row0, int c0, int lane) {
+struct BiasX4 {
   using Tile = BiasTile<BiasT, ROWS, COLS>;
-  static_assert(sizeof(BiasT) == 2 && Tile::kRowBytes % 16 == 0, "16-bit rows of 16-byte chunks");
-  const int mx = lane >> 3, j = lane & 7;
-  const int fr = row0 + 8 * (mx & 1), fc = c0 + 8 * (mx >> 1);  // this lane's matrix: fragment rows, columns
-  if constexpr (kTrans) {  // matrix rows are the fragment's columns (queries), 16 bytes of 8 keys
-    dev::ldmatrix_x4_trans(b, tile + (fc + j) * Tile::kRowBytes + fr * 2);
-  } else {
-    dev::ldmatrix_x4(b, tile + (fr + j) * Tile::kRowBytes + fc * 2);
+  static constexpr int kColStep = kTrans ? Tile::kRowBytes : 2;  // bytes per fragment column
+
+  __device__ __forceinline__ static uint32_t offset(int row0, int lane) {
+    const int mx = lane >> 3, j = lane & 7;
+    const int fr = row0 + 8 * (mx & 1), fc = 8 * (mx >> 1);  // this lane's matrix: fragment rows, columns
+    // kTrans: matrix rows are the fragment's columns (queries), 16 bytes of 8 keys each.
+    return kTrans ? (fc + j) * Tile::kRowBytes + fr * 2 : (fr + j) * Tile::kRowBytes + fc * 2;
   }
-}
+  __device__ __forceinline__ static void load(uint32_t (&b)[4], uint32_t addr) {
+    static_assert(sizeof(BiasT) == 2 && Tile::kRowBytes % 16 == 0, "16-bit rows of 16-byte chunks");
+    if constexpr (kTrans) dev::ldmatrix_x4_trans(b, addr);
+    else dev::ldmatrix_x4(b, addr);
+  }
+};
 
 // Whether key k of slice (b, s) is attended (in range and not masked out).
 __device__ __forceinline__ bool key_attended(const MaskRef& m, int b, int s, int k, int n) {

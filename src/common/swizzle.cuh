@@ -17,10 +17,16 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   }
 }
 
+// Offset (in elements) of element (row, 8 * chunk) of a swizzled tile with rows of W elements.
+template <int W>
+__device__ __forceinline__ int tile_offset(int row, int chunk) {
+  return row * W + swizzle<W>(row, chunk) * 8;
+}
+
 // Address of element (row, 8 * chunk) of a swizzled tile with rows of W elements.
 template <int W, class T>
 __device__ __forceinline__ T* tile_at(T* tile, int row, int chunk) {
-  return tile + row * W + swizzle<W>(row, chunk) * 8;
+  return tile + tile_offset<W>(row, chunk);
 }
 
 }  // namespace tpf::dev
