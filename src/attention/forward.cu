@@ -27,7 +27,8 @@ constexpr size_t fwd_smem_bytes() {
 }
 
 template <class T, class BiasT, int D>
-__global__ void __launch_bounds__(FwdConfig<D>::kThreads) forward_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBlocks)
+    forward_kernel(const FwdArgs a) {
   using Cfg = FwdConfig<D>;
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -92,14 +93,16 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads) forward_kernel(const F
   const int n_tiles = (N + BK - 1) / BK;
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
+    // One barrier per tile: after it every warp has finished tile j - 1, so its stage can take
+    // tile j + 1 (loads and mask), which then has all of tile j's math to land.
+    dev::cp_async_wait<0>();
+    __syncthreads();
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
     if (tid < BK) {
       sMask[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
       mask_ahead = mask_byte(j + 2);
     }
-    dev::cp_async_wait<1>();
-    __syncthreads();
     if (j == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
@@ -173,7 +176,6 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads) forward_kernel(const F
         Mma::run(o[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
-    __syncthreads();  // the stage just read is the next iteration's load target
   }
 
   // Normalise, write O, its residual and the LSE. A row with every key masked has l = 0:

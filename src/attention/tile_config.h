@@ -8,13 +8,20 @@ namespace tpf::attn {
 // halve the per-tile fixed work (barrier, copies, row max/sum bookkeeping) for 64 S registers
 // per thread: 1.70 vs 1.81 ms at N = 768, D = 32 (perf-notes v6). At D >= 64, 64 columns keep
 // S at 32 registers next to the larger O accumulator.
+#ifndef TPF_FWD_BLOCK_K_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
+#define TPF_FWD_BLOCK_K_SMALL_D 128
+#endif
+#ifndef TPF_FWD_MIN_BLOCKS_SMALL_D  // resident blocks per SM the register budget must allow
+#define TPF_FWD_MIN_BLOCKS_SMALL_D 0
+#endif
 template <int D>
 struct FwdConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockQ = 16 * kWarps;  // 64
-  static constexpr int kBlockK = D <= 32 ? 128 : 64;
+  static constexpr int kBlockK = D <= 32 ? TPF_FWD_BLOCK_K_SMALL_D : 64;
   static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
+  static constexpr int kMinBlocks = D <= 32 ? TPF_FWD_MIN_BLOCKS_SMALL_D : 0;
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
