@@ -20,14 +20,23 @@ using FwdBias = BiasTile<BiasT, FwdConfig<D>::kBlockQ, FwdConfig<D>::kBlockK>;
 template <class BiasT, int D>
 constexpr size_t fwd_smem_bytes() {
   using Cfg = FwdConfig<D>;
-  // sQ [BQ][D] + sK, sV [stages][BK][D] (16-bit) + additive key mask [stages][BK] (fp32)
-  // + bias tiles [stages][BQ][BK] (bias dtype, padded rows)
+  // sQ [BQ][D] + sK, sV [stages][BK][D] + key mask [stages][BK][8] (16-bit) + bias tiles
+  // [stages][BQ][BK] (bias dtype, padded rows)
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
-         Cfg::kStages * Cfg::kBlockK * 4 + Cfg::kStages * FwdBias<BiasT, D>::kBytes;
+         Cfg::kStages * Cfg::kBlockK * 16 + Cfg::kStages * FwdBias<BiasT, D>::kBytes;
+}
+
+// Launch-bounds hint: the configured one, else 0 (the compiler's choice: 168 registers at
+// D <= 64, 3 blocks/SM) where shared memory allows 3 blocks, else the blocks it allows (fp32
+// bias tiles: 2, so up to 255 registers instead of spills at 168).
+template <class BiasT, int D>
+constexpr int fwd_min_blocks() {
+  constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D>());
+  return FwdConfig<D>::kMinBlocks != 0 ? FwdConfig<D>::kMinBlocks : (by_smem >= 3 ? 0 : by_smem);
 }
 
 template <class T, class BiasT, int D>
-__global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBlocks)
+__global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT, D>()))
     forward_kernel(const FwdArgs a) {
   using Cfg = FwdConfig<D>;
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
@@ -38,8 +47,11 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBloc
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
-  float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);  // [stages][BK] 0 / -inf
-  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * BK);  // [stages] bias tiles
+  // Key mask as the B operand of one m16n8k8 MMA per n-tile: row k = (0 or -inf, 0, ..., 0).
+  // With A = a column of ones it adds 0 or -inf to the scores of key k, exactly and with no
+  // per-score instruction (an FADD per score before).
+  T* sMask = sV + Cfg::kStages * BK * D;                                   // [stages][BK][8]
+  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * BK * 8);  // [stages] bias tiles
 
   const int N = a.dims.N;
   // Query tiles vary fastest: the blocks in flight share few slices, whose K/V stay in L2.
@@ -69,10 +81,12 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBloc
     if (k < N) v = gMask ? gMask[k * a.mask.sk] : 1;
     return v;
   };
-  auto mask_add = [](int byte) { return byte ? 0.f : -INFINITY; };
+  auto mask_add = [](int byte) {  // the key's B row: its first element 0 or -inf
+    return make_uint4(byte ? 0u : uint32_t{dev::MmaOp<T>::kNegInfBits}, 0u, 0u, 0u);
+  };
   int mask_ahead = 0;
   if (tid < BK) {
-    sMask[tid] = mask_add(mask_byte(0));
+    reinterpret_cast<uint4*>(sMask)[tid] = mask_add(mask_byte(0));
     mask_ahead = mask_byte(1);
   }
 
@@ -87,6 +101,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBloc
   // of the n-tile is 1, the rest 0), so lsum[0] / lsum[2] of lane t = 0 hold rows g / g + 8.
   float lsum[4] = {};
   const uint32_t ones = g == 0 ? dev::MmaOp<T>::pack(1.f, 1.f) : 0u;
+  const uint32_t ones_k8 = t == 0 ? dev::MmaOp<T>::pack(1.f, 0.f) : 0u;  // A: column 0 = 1
   float m[2] = {-INFINITY, -INFINITY};              // running row max
   uint32_t qa[KS][4];                               // Q rows of this warp as A fragments
 
@@ -100,7 +115,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBloc
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
     if (tid < BK) {
-      sMask[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
+      reinterpret_cast<uint4*>(sMask)[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
       mask_ahead = mask_byte(j + 2);
     }
     if (j == 0) {
@@ -125,16 +140,25 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, FwdConfig<D>::kMinBloc
         Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
       }
 
-    // Scores in natural-log units: s = scale * QK^T + bias (+ -inf where masked).
+    // + 0 / -inf per key: ones (A: column 0 of rows g, g + 8, held by lanes t = 0) times the
+    // mask rows, four n-tiles per ldmatrix.
+#pragma unroll
+    for (int n4 = 0; n4 < NT / 4; ++n4) {
+      uint32_t mb[4];
+      dev::ldmatrix_x4(mb, sMask + (stage * BK + n4 * 32 + lane) * 8);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) Mma::run_k8(sc[4 * n4 + i], ones_k8, ones_k8, mb[i]);
+    }
+
+    // Scores in natural-log units: s = scale * (QK^T + mask) + bias.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const float2 madd = *reinterpret_cast<const float2*>(sMask + stage * BK + nt * 8 + 2 * t);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float2 bias = bias_pair_at<BiasT, BQ, BK>(tBias, warp * 16 + g + 8 * r, nt * 8 + 2 * t);
-        sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale, bias.x) + madd.x;
-        sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale, bias.y) + madd.y;
+        sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale, bias.x);
+        sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale, bias.y);
         tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
       }
     }
