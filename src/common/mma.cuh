@@ -77,6 +77,13 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem, const uint32_t 
                : "memory");
 }
 
+// c += a b for m16n8k8 with fp32 accumulation; TYPE: the PTX operand type.
+#define TPF_MMA_M16N8K8(TYPE)                                                                  \
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, "    \
+               "{%4,%5}, {%6}, {%0,%1,%2,%3};\n"                                              \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                               \
+               : "r"(a0), "r"(a1), "r"(b))
+
 template <class T>
 struct MmaOp;
 
@@ -92,11 +99,7 @@ struct MmaOp<__nv_bfloat16> {
   }
   // m16n8k8: c += a (16 x 8, two registers) b (8 x 8, one register).
   __device__ __forceinline__ static void run_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(b));
+    TPF_MMA_M16N8K8("bf16");
   }
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -116,11 +119,7 @@ struct MmaOp<__half> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   __device__ __forceinline__ static void run_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(b));
+    TPF_MMA_M16N8K8("f16");
   }
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
@@ -128,6 +127,7 @@ struct MmaOp<__half> {
   }
   static constexpr uint16_t kNegInfBits = 0xFC00;
 };
+#undef TPF_MMA_M16N8K8
 
 // Two accumulator n-tiles (16 columns) of an m16n8 C fragment, as one m16k16 A fragment.
 template <class T>
