@@ -2,7 +2,8 @@
 # On the GPU machine: per-SASS-instruction executed counts and stall samples of one attention
 # kernel (Nsight Compute source page), to find where a kernel's instructions and stalls go.
 # Usage: scripts/device_ncu_source.sh BIN_DIR KERNEL_REGEX [N] [D]
-# Writes $OUT/<name>.csv (source page, SASS) and $OUT/<name>_details.txt.
+# Writes $OUT/<name>.csv (source page, SASS) and $OUT/<name>_details.txt; summarise the csv
+# with scripts/ncu_source_summary.py.
 set -u
 BIN=${1:-.devbin}; K=${2:-backward_kernel}; N=${3:-384}; D=${4:-32}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
