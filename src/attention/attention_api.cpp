@@ -67,13 +67,17 @@ Status check_grid(const char* op, const TensorView& q) {
   return Status::Ok();
 }
 
-// The kernels index within one (b, s, h) slice (and within one bias plane) in 32 bits.
+// The kernels index within one (b, s, h) slice (and within one bias plane) in 32 bits,
+// including the rows of a last partial tile past N (up to 127 of them), whose copies read
+// nothing but whose offsets are still computed.
 Status check_slice_extent(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
   constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  constexpr int64_t kTileRowPad = 127;
   for (const auto& [name, t] : ts) {
     if (!t->present()) continue;
     const int r = t->rank;
-    const int64_t extent = (t->shape[r - 2] - 1) * t->stride[r - 2] + (t->shape[r - 1] - 1) * t->stride[r - 1] + 1;
+    const int64_t extent = (t->shape[r - 2] - 1 + kTileRowPad) * t->stride[r - 2] +
+                           (t->shape[r - 1] - 1) * t->stride[r - 1] + 1;
     if (extent > kMax)
       return Status(StatusCode::kUnsupported,
                     std::string("tpf.") + op + ": argument '" + name +

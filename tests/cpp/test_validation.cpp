@@ -104,6 +104,9 @@ const Case kCases[] = {
     {"GpuMisalignedPointer", Entry::kGpuFwd,
      ATTN_FWD(f.k.data = static_cast<char*>(f.k.data) + 2), "k", "16-byte aligned"},
     {"GpuStrideNotVectorMultiple", Entry::kGpuFwd, ATTN_FWD(f.v.stride[3] = 17), "v", "multiple of 8"},
+    // 4 rows of 2^24 fit 31 bits, but the kernels also form offsets of a last tile's rows past N.
+    {"GpuSliceExtentWithTileRows", Entry::kGpuFwd, ATTN_FWD(f.k.stride[3] = int64_t{1} << 24), "k",
+     "2^31 elements", StatusCode::kUnsupported},
     {"GpuNeedsLse", Entry::kGpuFwd, ATTN_FWD(f.lse.data = nullptr), "lse", "null"},
     {"GpuBiasDtype", Entry::kGpuFwd, ATTN_FWD(f.bias.dtype = DType::kFP16), "bias", "bfloat16 or float32", StatusCode::kInvalidType},
     {"BwdDoutShape", Entry::kRefBwd, ATTN_BWD(b.dout.shape[2] = 1), "dout", "H=2"},
