@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
   };
 
   // The dbias partial so far [BK][BQ] fp32 of a step (sOld <- part): thread tid fetches column
-  // part_c of rows part_r0 + it * kPartRows, likewise fixed.
+  // 4 (tid % (BQ/4)) of rows tid / (BQ/4) + it * kPartRows, likewise fixed.
   constexpr int kPartRows = NT / (BQ / 4), kPartIters = BK / kPartRows;
   static_assert(NT % (BQ / 4) == 0 && BK % kPartRows == 0, "dbias chunks: whole rows per iteration");
 
