@@ -36,7 +36,7 @@ struct FwdConfig {
 #ifndef TPF_BWD_SLICES_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
 #define TPF_BWD_SLICES_SMALL_D 2
 #endif
-#ifndef TPF_BWD_BLOCK_Q_SMALL_D
+#ifndef TPF_BWD_BLOCK_Q_SMALL_D  // 32 no longer builds at D = 16: its copies pass 64 rows at once
 #define TPF_BWD_BLOCK_Q_SMALL_D 64
 #endif
 #ifndef TPF_BWD_MIN_BLOCKS_SMALL_D  // resident blocks per SM the register budget must allow
