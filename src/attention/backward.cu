@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt) {
         if constexpr (kBiasX4) {
-          using X4 = BiasX4<BiasT, BQ, BK, true>;
+          using X4 = BiasX4Trans<BiasT, BQ, BK>;
           if (nt % 2 == 0) X4::load(bp, dev::smem_addr(tBias) + X4::offset(wq * 16, lane) + nt * 8 * X4::kColStep);
         }
 #pragma unroll

@@ -124,29 +124,26 @@ __device__ __forceinline__ float2 bias_pair_at(const uint8_t* tile, int r, int c
   }
 }
 
-// 16-bit bias pairs of two 8 x 8 blocks' worth of an MMA C fragment, in one ldmatrix.x4
-// instead of four shared loads: the fragment of 16 rows (row0 + g, + 8) x 16 columns (c0 + 2t,
-// + 1 and the next n8 tile) of the tile (kTrans = false: rows are queries, columns keys, as the
-// forward's S), or of its transpose (kTrans = true: rows are keys, columns queries, the
-// backward's S^T). b[0], b[1]: rows g, g + 8 of the first n8 tile; b[2], b[3]: of the second.
-// The padded rows (16 bytes past 16-byte multiples) put the 8 rows each matrix reads in
-// distinct banks. The lane's byte offset for c0 = 0 is computed once (bias_x4_offset); column
-// c0 adds the constant bias_x4_step * c0.
-template <class BiasT, int ROWS, int COLS, bool kTrans>
-struct BiasX4 {
+// 16-bit bias pairs of S^T (rows keys, columns queries: the tile read transposed) for two
+// n8 tiles of an MMA C fragment, in one ldmatrix.x4.trans instead of eight 2-byte loads:
+// b[0], b[1]: rows g, g + 8 of the first n8 tile, b[2], b[3]: of the second. The padded tile rows
+// (16 bytes past 16-byte multiples) put the 8 rows each matrix reads in distinct banks. A lane's
+// byte offset for the fragment's first column is computed once (offset); column c adds
+// kColStep * c.
+template <class BiasT, int ROWS, int COLS>
+struct BiasX4Trans {
   using Tile = BiasTile<BiasT, ROWS, COLS>;
-  static constexpr int kColStep = kTrans ? Tile::kRowBytes : 2;  // bytes per fragment column
+  static constexpr int kColStep = Tile::kRowBytes;  // a fragment column is a tile row (query)
 
+  // row0: the fragment's first row (key).
   __device__ __forceinline__ static uint32_t offset(int row0, int lane) {
-    const int mx = lane >> 3, j = lane & 7;
-    const int fr = row0 + 8 * (mx & 1), fc = 8 * (mx >> 1);  // this lane's matrix: fragment rows, columns
-    // kTrans: matrix rows are the fragment's columns (queries), 16 bytes of 8 keys each.
-    return kTrans ? (fc + j) * Tile::kRowBytes + fr * 2 : (fr + j) * Tile::kRowBytes + fc * 2;
+    const int mx = lane >> 3, j = lane & 7;  // this lane's matrix, and its row in it
+    const int fr = row0 + 8 * (mx & 1), fc = 8 * (mx >> 1);  // the matrix's fragment rows, columns
+    return (fc + j) * Tile::kRowBytes + fr * 2;
   }
   __device__ __forceinline__ static void load(uint32_t (&b)[4], uint32_t addr) {
     static_assert(sizeof(BiasT) == 2 && Tile::kRowBytes % 16 == 0, "16-bit rows of 16-byte chunks");
-    if constexpr (kTrans) dev::ldmatrix_x4_trans(b, addr);
-    else dev::ldmatrix_x4(b, addr);
+    dev::ldmatrix_x4_trans(b, addr);
   }
 };
 
