@@ -23,7 +23,8 @@ namespace tpf {
 
 struct AttentionForwardParams {
   TensorView q, k, v;      // [B,S,H,N,D] bf16 or fp16 (GPU); any float dtype (reference)
-  TensorView bias;         // [B,1,H,N,N] q's dtype or fp32
+  TensorView bias;         // [B,1,H,N,N] q's dtype or fp32; finite (q's dtype: it is added by
+                           // the tensor cores, where an infinity gives NaN; -inf: use the mask)
   TensorView mask;         // [B,S,1,1,N] bool, optional
   TensorView out;          // [B,S,H,N,D] q's dtype, written
   TensorView out_residual; // [B,S,H,N,D] q's dtype, written = round(O32 - float(out));

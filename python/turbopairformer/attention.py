@@ -3,8 +3,9 @@ works under torch.compile, CUDA graphs and torch.library.opcheck.
 
     triangle_attention(q, k, v, bias, mask=None, scale=None, *, compensate=True)
 
-q, k, v: [B, S, H, N, D] (or more leading batch dims); bias: [B, 1, H, N, N]; mask:
-[B, S, 1, 1, N] bool, True = attend. CUDA tensors run the sm_90a kernels on the current stream;
+q, k, v: [B, S, H, N, D] (or more leading batch dims); bias: [B, 1, H, N, N], finite (a bias
+in q's dtype is added by the tensor cores, where an infinity gives NaN: express -inf with the
+mask); mask: [B, S, 1, 1, N] bool, True = attend. CUDA tensors run the sm_90a kernels on the current stream;
 CPU tensors run the FP64 reference (slow, exact), so models can be debugged anywhere.
 """
 from __future__ import annotations

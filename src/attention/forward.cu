@@ -43,6 +43,10 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   constexpr float kLog2e = 1.4426950408889634f;
   using Mma = dev::MmaOp<T>;
   using Bias = FwdBias<BiasT, D>;
+  // 16-bit bias: added by one MMA per n-tile as bias / scale, so that scores stay in units of
+  // scale (QK^T + bias / scale) and need no instruction of their own before the max (two FFMAs
+  // and a 16-bit unpack per score before). fp32 bias: s = scale QK^T + bias per score.
+  constexpr bool kBiasMma = sizeof(BiasT) == 2;
   extern __shared__ __align__(128) uint8_t smem[];
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
@@ -102,8 +106,19 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   float lsum[4] = {};
   const uint32_t ones = g == 0 ? dev::MmaOp<T>::pack(1.f, 1.f) : 0u;
   const uint32_t ones_k8 = t == 0 ? dev::MmaOp<T>::pack(1.f, 0.f) : 0u;  // A: column 0 = 1
-  float m[2] = {-INFINITY, -INFINITY};              // running row max
+  float m[2] = {-INFINITY, -INFINITY};              // running row max, in score units
+  uint32_t unscale[2] = {};                         // B: 1/scale times a doubled identity
+  if constexpr (kBiasMma) dev::scaled_identity_b<T>(unscale, 1.f / a.scale, lane);
+  const float unit = kBiasMma ? a.scale : 1.f;      // a score unit in natural-log units
+  const float to_log2 = unit * kLog2e;
   uint32_t qa[KS][4];                               // Q rows of this warp as A fragments
+
+  // This lane's byte offset in a K tile for each k16 step's ldmatrix (rows np * 16 + its row
+  // share its swizzle): computed once, so the loop adds only the stage and immediates.
+  uint32_t k_off[KS];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+    k_off[ks] = 2 * dev::tile_offset<D>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1));
 
   const int n_tiles = (N + BK - 1) / BK;
   for (int j = 0; j < n_tiles; ++j) {
@@ -124,7 +139,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
         dev::ldmatrix_x4(qa[ks], tile_at<D>(sQ, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                             ks * 2 + (lane >> 4)));
     }
-    const T* tK = sK + stage * BK * D;
+    const uint32_t tK = dev::smem_addr(sK + stage * BK * D);
     const T* tV = sV + stage * BK * D;
     const uint8_t* tBias = sBias + stage * Bias::kBytes;
 
@@ -134,8 +149,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t kb[4];
-        dev::ldmatrix_x4(kb, tile_at<D>(tK, np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                        ks * 2 + ((lane >> 3) & 1)));
+        dev::ldmatrix_x4(kb, tK + k_off[ks] + np * 16 * D * 2);
         Mma::run(sc[2 * np], qa[ks], kb[0], kb[1]);
         Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
       }
@@ -150,18 +164,32 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       for (int i = 0; i < 4; ++i) Mma::run_k8(sc[4 * n4 + i], ones_k8, ones_k8, mb[i]);
     }
 
-    // Scores in natural-log units: s = scale * (QK^T + mask) + bias.
+    // + bias: 16-bit, s = QK^T + mask + bias / scale (A: the warp's 16 rows x 8 keys of the
+    // bias tile, twice along k); fp32, s = scale (QK^T + mask) + bias.
+    if constexpr (kBiasMma) {
+      using BiasA = BiasDupA<BiasT, BQ, BK>;
+      const uint32_t bias_addr = dev::smem_addr(tBias) + BiasA::offset(warp * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t ba[4];
+        BiasA::load(ba, bias_addr + nt * 16);
+        Mma::run(sc[nt], ba, unscale[0], unscale[1]);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float2 bias = bias_pair_at<BiasT, BQ, BK>(tBias, warp * 16 + g + 8 * r, nt * 8 + 2 * t);
+          sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale, bias.x);
+          sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale, bias.y);
+        }
+    }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float2 bias = bias_pair_at<BiasT, BQ, BK>(tBias, warp * 16 + g + 8 * r, nt * 8 + 2 * t);
-        sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale, bias.x);
-        sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale, bias.y);
-        tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-      }
-    }
+      for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
     // Online softmax, two rows per thread, reduced across the quad of lanes sharing a row.
     float alpha[2], neg_base[2];
 #pragma unroll
@@ -170,14 +198,14 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
       const float base = m_new == -INFINITY ? 0.f : m_new;  // all keys masked so far: p = 0
-      alpha[r] = dev::exp2_approx((m[r] - base) * kLog2e);
-      neg_base[r] = -base * kLog2e;
+      alpha[r] = dev::exp2_approx((m[r] - base) * to_log2);
+      neg_base[r] = -base * to_log2;
       m[r] = m_new;
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = dev::exp2_approx(fmaf(sc[nt][e], kLog2e, neg_base[e / 2]));
+      for (int e = 0; e < 4; ++e) sc[nt][e] = dev::exp2_approx(fmaf(sc[nt][e], to_log2, neg_base[e / 2]));
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       lsum[e] *= alpha[e / 2];
@@ -226,7 +254,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     }
     if (t == 0) {
       const int64_t idx = ((static_cast<int64_t>(b) * a.dims.S + s) * a.dims.H + h) * N + row[r];
-      a.lse[idx] = l > 0.f ? m[r] + logf(l) : INFINITY;
+      a.lse[idx] = l > 0.f ? m[r] * unit + logf(l) : INFINITY;
     }
   }
 }

@@ -124,6 +124,23 @@ __device__ __forceinline__ float2 bias_pair_at(const uint8_t* tile, int r, int c
   }
 }
 
+// A 16 x 8 block of a 16-bit bias tile (16 query rows, 8 keys) as the A operand of the
+// scaled-identity MMA (dev::scaled_identity_b): {x0, x1, x0, x1}, the block written twice along
+// k, in one ldmatrix.x4 whose lanes 16-31 repeat the row addresses of lanes 0-15 (so the MMA's
+// A quad needs no register moves). The padded tile rows put the 8 rows each matrix reads in
+// distinct banks. A lane's byte offset for the block at rows row0.. and key 0 is computed once
+// (offset); key c (a multiple of 8) adds 2 c bytes.
+template <class BiasT, int ROWS, int COLS>
+struct BiasDupA {
+  using Tile = BiasTile<BiasT, ROWS, COLS>;
+  static_assert(sizeof(BiasT) == 2 && Tile::kRowBytes % 16 == 0, "16-bit rows of 16-byte chunks");
+
+  __device__ __forceinline__ static uint32_t offset(int row0, int lane) {
+    return (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * Tile::kRowBytes;
+  }
+  __device__ __forceinline__ static void load(uint32_t (&a)[4], uint32_t addr) { dev::ldmatrix_x4(a, addr); }
+};
+
 // 16-bit bias pairs of S^T (rows keys, columns queries: the tile read transposed) for two
 // n8 tiles of an MMA C fragment, in one ldmatrix.x4.trans instead of eight 2-byte loads:
 // b[0], b[1]: rows g, g + 8 of the first n8 tile, b[2], b[3]: of the second. The padded tile rows

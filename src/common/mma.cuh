@@ -36,21 +36,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+// Four 8 x 8 16-bit matrices (lane 8i + j: the address of row j of matrix i), from a
+// shared-window byte address (precomputed per lane, plus constants) or a pointer.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
+               : "r"(smem));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
-}
-// The same from a shared-window byte address (precomputed per lane, plus constants).
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  ldmatrix_x4(r, smem_addr(smem));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  ldmatrix_x4_trans(r, smem_addr(smem));
 }
 
 // Four 8 x 8 16-bit matrices from C-fragment layout (register i: matrix i, thread (g, t) holding
@@ -155,6 +157,19 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 template <>
 __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+
+// B fragment (k16 x n8) of a scaled doubled identity: B[k][n] = c_hi where k == n, c_lo where
+// k == n + 8, else 0, with c_hi = T(c) and c_lo = T(c - c_hi). Against A = {x0, x1, x0, x1} (the
+// m16 x k8 A fragment of a matrix X written twice along k) one MMA adds (c_hi + c_lo) X, that is
+// c X to about 16 bits of c, each product exact. The zero entries of B multiply X too, so X must
+// be finite (0 * inf is NaN).
+template <class T>
+__device__ __forceinline__ void scaled_identity_b(uint32_t (&b)[2], float c, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const float hi = to_float(from_float<T>(c)), lo = c - hi;
+  b[0] = MmaOp<T>::pack(2 * t == g ? hi : 0.f, 2 * t + 1 == g ? hi : 0.f);
+  b[1] = MmaOp<T>::pack(2 * t == g ? lo : 0.f, 2 * t + 1 == g ? lo : 0.f);
+}
 
 // Two packed 16-bit values (low = first) as floats.
 template <class T>
