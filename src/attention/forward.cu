@@ -72,26 +72,32 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   const BiasCopier<BiasT, BQ, BK, Cfg::kThreads> bias_copier(tid);
 
   auto load_kv = [&](int tile, int stage) {
-    kv_copier.copy(sK + stage * BK * D, gK, a.k.sn, tile * BK, N);
-    kv_copier.copy(sV + stage * BK * D, gV, a.v.sn, tile * BK, N);
-    bias_copier.copy(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
+    kv_copier.copy<true>(sK + stage * BK * D, gK, a.k.sn, tile * BK, N);
+    kv_copier.copy<true>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N);
+    bias_copier.copy<true>(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
   };
-  // Key mask of a tile for thread tid < BK: the raw byte (0 = masked; keys past N read as 0),
-  // loaded two tiles ahead into a register and turned into 0 / -inf only when stored a tile
-  // later, so that nothing waits for the load (converting at the load stalled every tile).
-  auto mask_byte = [&](int tile) {
-    const int k = tile * BK + tid;
+  // Key mask of the tiles in order for thread tid < BK: the raw byte (0 = masked; keys past N
+  // read as 0), loaded two tiles ahead into a register and turned into 0 / -inf only when stored
+  // a tile later, so that nothing waits for the load (converting at the load stalled every
+  // tile). The thread's key and pointer step a tile per call.
+  const bool mask_thread = BK >= Cfg::kThreads || tid < BK;
+  int mask_key = tid;
+  const uint8_t* mask_ptr = gMask ? gMask + tid * a.mask.sk : nullptr;
+  const int64_t mask_step = gMask ? BK * a.mask.sk : 0;
+  auto mask_byte = [&]() {
     int v = 0;
-    if (k < N) v = gMask ? gMask[k * a.mask.sk] : 1;
+    if (mask_key < N) v = mask_ptr ? *mask_ptr : 1;
+    mask_key += BK;
+    mask_ptr += mask_step;
     return v;
   };
   auto mask_add = [](int byte) {  // the key's B row: its first element 0 or -inf
     return make_uint4(byte ? 0u : uint32_t{dev::MmaOp<T>::kNegInfBits}, 0u, 0u, 0u);
   };
   int mask_ahead = 0;
-  if (tid < BK) {
-    reinterpret_cast<uint4*>(sMask)[tid] = mask_add(mask_byte(0));
-    mask_ahead = mask_byte(1);
+  if (mask_thread) {
+    reinterpret_cast<uint4*>(sMask)[tid] = mask_add(mask_byte());
+    mask_ahead = mask_byte();
   }
 
   TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
@@ -129,9 +135,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     __syncthreads();
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
-    if (tid < BK) {
+    if (mask_thread) {
       reinterpret_cast<uint4*>(sMask)[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
-      mask_ahead = mask_byte(j + 2);
+      mask_ahead = mask_byte();
     }
     if (j == 0) {
 #pragma unroll

@@ -4,24 +4,32 @@
 namespace tpf::attn {
 
 // Forward: one block = 4 warps = one (b, s, h) slice x 64 query rows; each warp owns 16 rows
-// (the M of one m16n8k16 MMA), so P never leaves registers. Key tiles: 128 columns at D <= 32
+// (the M of one m16n8k16 MMA), so P never leaves registers. Key tiles: 128 columns at D = 32
 // halve the per-tile fixed work (barrier, copies, row max/sum bookkeeping) for 64 S registers
-// per thread: 1.70 vs 1.81 ms at N = 768, D = 32 (perf-notes v6). At D >= 64, 64 columns keep
-// S at 32 registers next to the larger O accumulator.
-#ifndef TPF_FWD_BLOCK_K_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
-#define TPF_FWD_BLOCK_K_SMALL_D 128
+// per thread: 1.70 vs 1.81 ms at N = 768 (perf-notes v6), and with the bias MMA 1.53 vs 1.56
+// against 64 columns at 4 blocks/SM (v11). At D = 16 the 64-column tile at 4 blocks/SM (128
+// registers, 16 warps) wins since the bias MMA: 1.24 vs 1.27 ms (v11). At D >= 64, 64 columns
+// keep S at 32 registers next to the larger O accumulator.
+#ifndef TPF_FWD_BLOCK_K_D32  // build-time experiment knobs (see docs/perf-notes.md)
+#define TPF_FWD_BLOCK_K_D32 128
 #endif
-#ifndef TPF_FWD_MIN_BLOCKS_SMALL_D  // resident blocks per SM the register budget must allow
-#define TPF_FWD_MIN_BLOCKS_SMALL_D 0
+#ifndef TPF_FWD_MIN_BLOCKS_D32  // resident blocks per SM the register budget must allow (0: the
+#define TPF_FWD_MIN_BLOCKS_D32 0  // compiler's choice)
+#endif
+#ifndef TPF_FWD_BLOCK_K_D16
+#define TPF_FWD_BLOCK_K_D16 64
+#endif
+#ifndef TPF_FWD_MIN_BLOCKS_D16
+#define TPF_FWD_MIN_BLOCKS_D16 4
 #endif
 template <int D>
 struct FwdConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockQ = 16 * kWarps;  // 64
-  static constexpr int kBlockK = D <= 32 ? TPF_FWD_BLOCK_K_SMALL_D : 64;
+  static constexpr int kBlockK = D == 16 ? TPF_FWD_BLOCK_K_D16 : D == 32 ? TPF_FWD_BLOCK_K_D32 : 64;
   static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
-  static constexpr int kMinBlocks = D <= 32 ? TPF_FWD_MIN_BLOCKS_SMALL_D : 0;
+  static constexpr int kMinBlocks = D == 16 ? TPF_FWD_MIN_BLOCKS_D16 : D == 32 ? TPF_FWD_MIN_BLOCKS_D32 : 0;
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
