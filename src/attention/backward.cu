@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "common/kernel_attrs.h"
+#include "common/phase_timer.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -172,6 +173,10 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
     if (tid == 0 && kb + 1 < static_cast<int>(gridDim.x)) dev::st_release_gpu(turn_of(sg, qi), kb + 1);
   };
 
+  // Phases of a step (timing experiment, see phase_timer.cuh): loads + barrier A, S^T and dP^T,
+  // P and dS, dV and dK, dS stores + dQ finish, barrier B, turn release + dbias, dQ part, turn
+  // wait, barrier C.
+  dev::PhaseTimer<Cfg::kWarps, 10> phases(warp, lane);
   for (int sg = sg_begin; sg < sg_end; ++sg) {
     const int s = sg * G + quad;
     const bool active = s < S;
@@ -222,6 +227,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
       dev::cp_async_commit();
       dev::cp_async_wait<2>();
       __syncthreads();  // (A) this step's tiles have landed
+      phases.mark(0);
 
       const T* tQ = sQ + (st * G + quad) * BQ * D;
       const T* tdO = sdO + (st * G + quad) * BQ * D;
@@ -251,6 +257,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         }
       }
 
+      phases.mark(1);
       // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
       // 16-bit bias by ldmatrix.x4.trans: S^T pairs of n-tiles nt, nt + 1 (loaded at even nt).
       // Not at D = 128, whose registers are all taken (the extra four spill).
@@ -279,6 +286,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         }
       }
 
+      phases.mark(2);
       // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -298,6 +306,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         }
       }
 
+      phases.mark(3);
       // dS^T to shared memory: 16-bit for dQ = dS K; fp32 for the other quads' bias-gradient sums.
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt)
@@ -313,8 +322,10 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         dev::cp_async_wait<1>();
         finish_dq(sg, qi - 1);
       }
+      phases.mark(4);
       __syncthreads();  // (B) dS tiles complete; the previous step's dQ stored
-      if (qi > 0) release_turn(sg, qi - 1);
+      phases.mark(5);
+      if (qi > 0) release_turn(sg, qi - 1);  // (here, not after (C): +4%, perf-notes v11)
 
       // Bias gradient: quad m finishes query n-tiles [m QT/G, (m+1) QT/G) of the block's tile:
       // the partial so far, then every quad's dS in quad order (its own straight from registers).
@@ -341,6 +352,7 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         }
       }
 
+      phases.mark(6);
       // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq.
       const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
       if (dq_warp) {
@@ -367,12 +379,15 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
         }
       }
 
+      phases.mark(7);
       // Wait for this step's dQ turn: the key tiles before this one have stored theirs.
       if (kb > 0 && tid == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER) {
         const int* turn = turn_of(sg, qi);
         while (dev::ld_acquire_gpu(turn) != kb) __nanosleep(64);
       }
+      phases.mark(8);
       __syncthreads();  // (C) turn taken; sDq written; this step's shared tiles are free
+      phases.mark(9);
     }
 
     // The last step's dQ, then dK = scale * dS^T Q and dV, complete for this slice.
@@ -400,6 +415,8 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, BwdConfig<D>::kMinBloc
       }
     }
   }
+  if ((warp == 0 || warp == Cfg::kWarps / 2) && blockIdx.y == 0 && blockIdx.z == 0 && (kb == 0 || kb == 6))
+    phases.print("backward", kb, warp, static_cast<long long>(sg_end - sg_begin) * nq);
 }
 
 template <class T, class BiasT, int D>

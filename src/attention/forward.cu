@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/kernel_attrs.h"
+#include "common/phase_timer.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -127,6 +128,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     k_off[ks] = 2 * dev::tile_offset<D>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1));
 
   const int n_tiles = (N + BK - 1) / BK;
+  // Phases of a tile (timing experiment, see phase_timer.cuh): barrier + next loads, QK^T + mask
+  // + bias, row max, exponentials + rescale, PV.
+  dev::PhaseTimer<Cfg::kWarps, 5> phases(warp, lane);
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
     // One barrier per tile: after it every warp has finished tile j - 1, so its stage can take
@@ -145,6 +149,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
         dev::ldmatrix_x4(qa[ks], tile_at<D>(sQ, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                             ks * 2 + (lane >> 4)));
     }
+    phases.mark(0);
     const uint32_t tK = dev::smem_addr(sK + stage * BK * D);
     const T* tV = sV + stage * BK * D;
     const uint8_t* tBias = sBias + stage * Bias::kBytes;
@@ -196,6 +201,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
+    phases.mark(1);
     // Online softmax, two rows per thread, reduced across the quad of lanes sharing a row.
     float alpha[2], neg_base[2];
 #pragma unroll
@@ -208,6 +214,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       neg_base[r] = -base * to_log2;
       m[r] = m_new;
     }
+    phases.mark(2);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -219,6 +226,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       for (int dt = 0; dt < DT; ++dt) o[dt][e] *= alpha[e / 2];
     }
 
+    phases.mark(3);
     // O += P V, P straight from registers as the A operand.
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
@@ -234,8 +242,11 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
         Mma::run(o[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
+    phases.mark(4);
   }
 
+  if (warp == 0 && blockIdx.z == 0 && blockIdx.y % 100 == 7 && blockIdx.x < 2)
+    phases.print("forward", blockIdx.x + 100 * blockIdx.y, warp, n_tiles);
   // Normalise, write O, its residual and the LSE. A row with every key masked has l = 0:
   // its output is 0 and its LSE +inf, so the backward's P is 0 too.
   T* gO = slice_ptr_mut<T>(a.out, b, s, h);
