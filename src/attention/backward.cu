@@ -47,7 +47,7 @@ struct BwdSmem {
   static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       LSE * log2(e)
   static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
   static constexpr int kOld = 2 * BK * kFStride;  // sOld [2][BK][BQ+8]   dbias partial so far
-  static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T in fp32
+  static constexpr int kDSf = G > 1 ? G * BK * kFStride : 0;  // sdSf [G][BK][BQ+8] dS^T, fp32 (for the other quads)
   static constexpr int kDq = G * BQ * D;       // sDq   [G][BQ][D]       this key tile's dQ part
   static constexpr int kDqOld = G * BQ * D;    // sDqOld [G][BQ][D]      dQ of earlier key tiles
   static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq + kDqOld;

@@ -7,6 +7,7 @@
 
 #include "common/kernel_attrs.h"
 #include "common/phase_timer.cuh"
+#include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -18,13 +19,23 @@ namespace {
 template <class BiasT, int D>
 using FwdBias = BiasTile<BiasT, FwdConfig<D>::kBlockQ, FwdConfig<D>::kBlockK>;
 
+// QK^T and PV by wgmma (m64n128k16 from shared memory, m64n32k16 with P from registers):
+// K and V are read once per warpgroup instead of once per warp by ldmatrix (a third of the
+// tile's shared-memory traffic each), and 128 ldmatrix + HMMA issue slots per warp and tile
+// go. The shapes the wrappers in common/wgmma.cuh cover: D = 32 with 128-key tiles.
+template <int D>
+constexpr bool fwd_wgmma() {
+  return D == 32 && FwdConfig<D>::kBlockK == 128;
+}
+
 template <class BiasT, int D>
 constexpr size_t fwd_smem_bytes() {
   using Cfg = FwdConfig<D>;
   // sQ [BQ][D] + sK, sV [stages][BK][D] + key mask [stages][BK][8] (16-bit) + bias tiles
-  // [stages][BQ][BK] (bias dtype, padded rows)
+  // [stages][BQ][BK] (bias dtype, padded rows); with wgmma, room to start the tiles on the
+  // 64-byte swizzle's 512-byte period.
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
-         Cfg::kStages * Cfg::kBlockK * 16 + Cfg::kStages * FwdBias<BiasT, D>::kBytes;
+         Cfg::kStages * Cfg::kBlockK * 16 + Cfg::kStages * FwdBias<BiasT, D>::kBytes + (fwd_wgmma<D>() ? 512 : 0);
 }
 
 // Launch-bounds hint: the configured one, else 0 (the compiler's choice: 168 registers at
@@ -48,7 +59,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   // scale (QK^T + bias / scale) and need no instruction of their own before the max (two FFMAs
   // and a 16-bit unpack per score before). fp32 bias: s = scale QK^T + bias per score.
   constexpr bool kBiasMma = sizeof(BiasT) == 2;
-  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr bool kWgmma = fwd_wgmma<D>();
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = kWgmma ? smem_raw + ((512 - (dev::smem_addr(smem_raw) & 511)) & 511) : smem_raw;
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
@@ -118,7 +131,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   if constexpr (kBiasMma) dev::scaled_identity_b<T>(unscale, 1.f / a.scale, lane);
   const float unit = kBiasMma ? a.scale : 1.f;      // a score unit in natural-log units
   const float to_log2 = unit * kLog2e;
-  uint32_t qa[KS][4];                               // Q rows of this warp as A fragments
+  uint32_t qa[kWgmma ? 1 : KS][4];                  // Q rows of this warp as A fragments (mma.sync)
 
   // This lane's byte offset in a K tile for each k16 step's ldmatrix (rows np * 16 + its row
   // share its swizzle): computed once, so the loop adds only the stage and immediates.
@@ -126,6 +139,14 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
     k_off[ks] = 2 * dev::tile_offset<D>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1));
+  // wgmma operands: Q and K K-major, V MN-major, in 64-byte-swizzled tiles (rows of D = 32
+  // elements: common/swizzle.cuh's pattern is the hardware's); 8-row groups are 512 bytes
+  // apart, a k16 step is 32 bytes along a row (Q, K) or 16 rows (V). One MN block: lbo unused.
+  const uint32_t sQa = dev::smem_addr(sQ), sKa = dev::smem_addr(sK), sVa = dev::smem_addr(sV);
+  constexpr auto kSw = dev::Swizzle::k64B;
+  auto q_desc = [&](int ks) { return dev::wgmma_desc(sQa + 32 * ks, 16, 512, kSw); };
+  auto k_desc = [&](int st, int ks) { return dev::wgmma_desc(sKa + st * BK * D * 2 + 32 * ks, 16, 512, kSw); };
+  auto v_desc = [&](int st, int kk) { return dev::wgmma_desc(sVa + (st * BK + kk * 16) * D * 2, 16, 512, kSw); };
 
   const int n_tiles = (N + BK - 1) / BK;
   // Phases of a tile (timing experiment, see phase_timer.cuh): barrier + next loads, QK^T + mask
@@ -136,6 +157,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     // One barrier per tile: after it every warp has finished tile j - 1, so its stage can take
     // tile j + 1 (loads and mask), which then has all of tile j's math to land.
     dev::cp_async_wait<0>();
+    if constexpr (kWgmma) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
     __syncthreads();
     if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
     dev::cp_async_commit();
@@ -143,7 +165,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       reinterpret_cast<uint4*>(sMask)[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
       mask_ahead = mask_byte();
     }
-    if (j == 0) {
+    if (!kWgmma && j == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
         dev::ldmatrix_x4(qa[ks], tile_at<D>(sQ, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
@@ -154,16 +176,30 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     const T* tV = sV + stage * BK * D;
     const uint8_t* tBias = sBias + stage * Bias::kBytes;
 
-    float sc[NT][4] = {};  // S tile, 16 rows x BK keys per warp
+    float sc[NT][4];  // S tile, 16 rows x BK keys per warp (wgmma: the warpgroup's 64 rows)
+    if constexpr (kWgmma) {
+      float(&s64)[64] = reinterpret_cast<float(&)[64]>(sc);
+      dev::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
+      for (int ks = 0; ks < KS; ++ks) dev::Wgmma<T, 0, 0>::run(s64, q_desc(ks), k_desc(stage, ks), ks > 0);
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();
+      dev::wgmma_fence_operands(s64);
+    } else {
 #pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t kb[4];
-        dev::ldmatrix_x4(kb, tK + k_off[ks] + np * 16 * D * 2);
-        Mma::run(sc[2 * np], qa[ks], kb[0], kb[1]);
-        Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t kb[4];
+          dev::ldmatrix_x4(kb, tK + k_off[ks] + np * 16 * D * 2);
+          Mma::run(sc[2 * np], qa[ks], kb[0], kb[1]);
+          Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
+        }
+    }
 
     // + 0 / -inf per key: ones (A: column 0 of rows g, g + 8, held by lanes t = 0) times the
     // mask rows, four n-tiles per ldmatrix.
@@ -228,18 +264,34 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 
     phases.mark(3);
     // O += P V, P straight from registers as the A operand.
+    if constexpr (kWgmma) {
+      uint32_t pa[BK / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t pa[4];
-      dev::acc_to_a<T>(pa, sc[2 * kk], sc[2 * kk + 1]);
-      Mma::run(lsum, pa, ones, ones);
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        dev::acc_to_a<T>(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+        Mma::run(lsum, pa[kk], ones, ones);
+      }
+      float(&o16)[16] = reinterpret_cast<float(&)[16]>(o);
+      dev::wgmma_fence();
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t vb[4];
-        dev::ldmatrix_x4_trans(vb, tile_at<D>(tV, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                              dp * 2 + (lane >> 4)));
-        Mma::run(o[2 * dp], pa, vb[0], vb[1]);
-        Mma::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+      for (int kk = 0; kk < BK / 16; ++kk) dev::WgmmaN32RS<T, 1>::run(o16, pa[kk], v_desc(stage, kk), 1);
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();
+      dev::wgmma_fence_operands(o16);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t pa[4];
+        dev::acc_to_a<T>(pa, sc[2 * kk], sc[2 * kk + 1]);
+        Mma::run(lsum, pa, ones, ones);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          dev::ldmatrix_x4_trans(vb, tile_at<D>(tV, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                dp * 2 + (lane >> 4)));
+          Mma::run(o[2 * dp], pa, vb[0], vb[1]);
+          Mma::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
       }
     }
     phases.mark(4);

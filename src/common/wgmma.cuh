@@ -1,6 +1,7 @@
 // Thin PTX wrappers for Hopper's warpgroup tensor-core path (wgmma, sm_90a): shared-memory
-// matrix descriptors, the fences around an asynchronous batch, and m64n128k16 with fp32
-// accumulation for bf16 / fp16 operands read from shared memory (PTX ISA 9.7.15).
+// matrix descriptors, the fences around an asynchronous batch, m64n128k16 with fp32
+// accumulation for bf16 / fp16 operands read from shared memory, and m64n32k16 with A from
+// registers (PTX ISA 9.7.15).
 //
 // Accumulator layout (per thread of the warpgroup, warp w = warp % 4, g = lane / 4,
 // t = lane % 4): d[4i + 0, 1] at (row 16w + g, cols 8i + 2t, +1), d[4i + 2, 3] at row + 8.
@@ -11,12 +12,18 @@
 
 namespace tpf::dev {
 
-// Descriptor of a 128-byte-swizzled operand tile at shared address `addr` (1024-byte aligned
-// pattern: base offset 0). lbo / sbo in bytes: K-major: sbo = distance of 8-row groups (lbo
-// unused); MN-major: lbo = distance of 64-element MN blocks, sbo = of 8-row K groups.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Swizzle modes of a descriptor: rows of 128, 64 or 32 bytes whose 16-byte chunks are XORed
+// with address bits [9:7], [8:7] or [7]: common/swizzle.cuh's tiles with rows of 64, 32 or 16
+// 16-bit elements, placed at a multiple of the pattern's period (1024, 512, 256 bytes).
+enum class Swizzle : uint64_t { k128B = 1, k64B = 2, k32B = 3 };
+
+// Descriptor of a swizzled operand tile at shared address `addr` (pattern-aligned: base offset
+// 0). lbo / sbo in bytes: K-major: sbo = distance of 8-row groups (lbo unused); MN-major: lbo =
+// distance of MN blocks (one swizzle row wide), sbo = of 8-row K groups.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
+                                               Swizzle mode = Swizzle::k128B) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (static_cast<uint64_t>(mode) << 62);
 }
 
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's reads.
@@ -27,9 +34,10 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous batch.
-__device__ __forceinline__ void wgmma_fence_operands(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // D (+)= A B for a 64 x 128 x 16 step; kTransA / kTransB: the operand is MN-major in shared
@@ -57,5 +65,34 @@ struct Wgmma<__half, kTransA, kTransB> {
   }
 };
 #undef TPF_WGMMA_M64N128K16
+
+// D (+)= A B for a 64 x 32 x 16 step with A from registers (each warp's 16 rows as an
+// m16n8k16 A fragment) and B from shared memory (kTransB: MN-major). The registers of A must
+// not change until the batch is waited for.
+#define TPF_WGMMA_M64N32K16_RS(TYPE)                                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                     \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                   \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "       \
+               "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),      \
+                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                          \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+
+template <class T, int kTransB>
+struct WgmmaN32RS;
+template <int kTransB>
+struct WgmmaN32RS<__nv_bfloat16, kTransB> {
+  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    TPF_WGMMA_M64N32K16_RS("bf16");
+  }
+};
+template <int kTransB>
+struct WgmmaN32RS<__half, kTransB> {
+  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    TPF_WGMMA_M64N32K16_RS("f16");
+  }
+};
+#undef TPF_WGMMA_M64N32K16_RS
 
 }  // namespace tpf::dev
