@@ -85,9 +85,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   const TileCopier<D, BK, Cfg::kThreads> kv_copier(tid);
   const BiasCopier<BiasT, BQ, BK, Cfg::kThreads> bias_copier(tid);
 
-  auto load_kv = [&](int tile, int stage) {
-    kv_copier.copy<true>(sK + stage * BK * D, gK, a.k.sn, tile * BK, N);
-    kv_copier.copy<true>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N);
+  auto load_k = [&](int tile, int stage) { kv_copier.copy<true>(sK + stage * BK * D, gK, a.k.sn, tile * BK, N); };
+  auto load_v = [&](int tile, int stage) { kv_copier.copy<true>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N); };
+  auto load_bias = [&](int tile, int stage) {
     bias_copier.copy<true>(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
   };
   // Key mask of the tiles in order for thread tid < BK: the raw byte (0 = masked; keys past N
@@ -114,8 +114,18 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     mask_ahead = mask_byte();
   }
 
+  // cp.async groups: mma.sync, one per tile (K, V, bias); wgmma, two (K and bias, then V, which
+  // is read a tile later: see the loop).
   TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
-  load_kv(0, 0);
+  load_k(0, 0);
+  if constexpr (kWgmma) {
+    load_bias(0, 0);
+    dev::cp_async_commit();
+    load_v(0, 0);
+  } else {
+    load_v(0, 0);
+    load_bias(0, 0);
+  }
   dev::cp_async_commit();
 
   // Rows this thread holds in every accumulator: r = 0 -> warp row g, r = 1 -> g + 8.
@@ -152,14 +162,29 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   // Phases of a tile (timing experiment, see phase_timer.cuh): barrier + next loads, QK^T + mask
   // + bias, row max, exponentials + rescale, PV.
   dev::PhaseTimer<Cfg::kWarps, 5> phases(warp, lane);
+  // wgmma: P of the previous tile, packed; its PV runs on the tensor cores during this tile's
+  // bias, mask and softmax work (issued with this tile's QK^T, waited for before the rescale).
+  uint32_t pa_prev[kWgmma ? BK / 16 : 1][4];
+  [[maybe_unused]] float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o);  // wgmma's view
+  static_assert(!kWgmma || Cfg::kStages == 2, "the previous tile's stage is stage ^ 1");
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
     // One barrier per tile: after it every warp has finished tile j - 1, so its stage can take
-    // tile j + 1 (loads and mask), which then has all of tile j's math to land.
-    dev::cp_async_wait<0>();
-    if constexpr (kWgmma) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    // tile j + 1 (loads and mask), which then has all of tile j's math to land. wgmma: V of
+    // tile j - 1 is still read (PV a tile late), so V of tile j + 1 is loaded at the end of
+    // tile j and is the one group allowed in flight here.
+    if constexpr (kWgmma) {
+      dev::cp_async_wait<1>();
+      dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    } else {
+      dev::cp_async_wait<0>();
+    }
     __syncthreads();
-    if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % Cfg::kStages);
+    if (j + 1 < n_tiles) {
+      load_k(j + 1, (j + 1) % Cfg::kStages);
+      if constexpr (!kWgmma) load_v(j + 1, (j + 1) % Cfg::kStages);
+      load_bias(j + 1, (j + 1) % Cfg::kStages);
+    }
     dev::cp_async_commit();
     if (mask_thread) {
       reinterpret_cast<uint4*>(sMask)[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
@@ -183,7 +208,13 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) dev::Wgmma<T, 0, 0>::run(s64, q_desc(ks), k_desc(stage, ks), ks > 0);
       dev::wgmma_commit();
-      dev::wgmma_wait<0>();
+      if (j > 0) {
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          dev::WgmmaN32RS<T, 1>::run(o_flat, pa_prev[kk], v_desc(stage ^ 1, kk), 1);
+      }
+      dev::wgmma_commit();
+      dev::wgmma_wait<1>();  // QK^T done; the previous tile's PV may still run
       dev::wgmma_fence_operands(s64);
     } else {
 #pragma unroll
@@ -255,6 +286,13 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][e] = dev::exp2_approx(fmaf(sc[nt][e], to_log2, neg_base[e / 2]));
+    if constexpr (kWgmma) {
+      // The exponentials first (pinned by the register fence: the compiler may otherwise move
+      // them past the wait), then the previous tile's PV, before O is rescaled.
+      dev::wgmma_fence_operands(reinterpret_cast<float(&)[64]>(sc));
+      dev::wgmma_wait<0>();
+      dev::wgmma_fence_operands(o_flat);
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       lsum[e] *= alpha[e / 2];
@@ -264,20 +302,14 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 
     phases.mark(3);
     // O += P V, P straight from registers as the A operand.
-    if constexpr (kWgmma) {
-      uint32_t pa[BK / 16][4];
+    if constexpr (kWgmma) {  // issued with the next tile's QK^T, or after the loop
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        dev::acc_to_a<T>(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
-        Mma::run(lsum, pa[kk], ones, ones);
+        dev::acc_to_a<T>(pa_prev[kk], sc[2 * kk], sc[2 * kk + 1]);
+        Mma::run(lsum, pa_prev[kk], ones, ones);
       }
-      float(&o16)[16] = reinterpret_cast<float(&)[16]>(o);
-      dev::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) dev::WgmmaN32RS<T, 1>::run(o16, pa[kk], v_desc(stage, kk), 1);
-      dev::wgmma_commit();
-      dev::wgmma_wait<0>();
-      dev::wgmma_fence_operands(o16);
+      if (j + 1 < n_tiles) load_v(j + 1, (j + 1) % Cfg::kStages);  // its stage's PV is done
+      dev::cp_async_commit();
     } else {
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
@@ -295,6 +327,15 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       }
     }
     phases.mark(4);
+  }
+  if constexpr (kWgmma) {  // the last tile's PV
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      dev::WgmmaN32RS<T, 1>::run(o_flat, pa_prev[kk], v_desc((n_tiles - 1) % Cfg::kStages, kk), 1);
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::wgmma_fence_operands(o_flat);
   }
 
   if (warp == 0 && blockIdx.z == 0 && blockIdx.y % 100 == 7 && blockIdx.x < 2)
