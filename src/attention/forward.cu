@@ -76,6 +76,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   const int q0 = blockIdx.x * BQ, s = blockIdx.y;
   const int b = blockIdx.z / a.dims.H, h = blockIdx.z % a.dims.H;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Phases (timing experiment, see phase_timer.cuh), per tile: barrier + next loads, QK^T +
+  // mask + bias, row max, exponentials + rescale, PV; per block: 5 the prologue, 6 the outputs.
+  dev::PhaseTimer<Cfg::kWarps, 7> phases(warp, lane);
 
   const T* gQ = slice_ptr<T>(a.q, b, s, h);
   const T* gK = slice_ptr<T>(a.k, b, s, h);
@@ -159,9 +162,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   auto v_desc = [&](int st, int kk) { return dev::wgmma_desc(sVa + (st * BK + kk * 16) * D * 2, 16, 512, kSw); };
 
   const int n_tiles = (N + BK - 1) / BK;
-  // Phases of a tile (timing experiment, see phase_timer.cuh): barrier + next loads, QK^T + mask
-  // + bias, row max, exponentials + rescale, PV.
-  dev::PhaseTimer<Cfg::kWarps, 5> phases(warp, lane);
+  phases.mark(5);
   // wgmma: P of the previous tile, packed; its PV runs on the tensor cores during this tile's
   // bias, mask and softmax work (issued with this tile's QK^T, waited for before the rescale).
   uint32_t pa_prev[kWgmma ? BK / 16 : 1][4];
@@ -338,8 +339,6 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     dev::wgmma_fence_operands(o_flat);
   }
 
-  if (warp == 0 && blockIdx.z == 0 && blockIdx.y % 100 == 7 && blockIdx.x < 2)
-    phases.print("forward", blockIdx.x + 100 * blockIdx.y, warp, n_tiles);
   // Normalise, write O, its residual and the LSE. A row with every key masked has l = 0:
   // its output is 0 and its LSE +inf, so the backward's P is 0 too.
   T* gO = slice_ptr_mut<T>(a.out, b, s, h);
@@ -367,6 +366,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
       a.lse[idx] = l > 0.f ? m[r] * unit + logf(l) : INFINITY;
     }
   }
+  phases.mark(6);
+  if (warp == 0 && blockIdx.z == 0 && blockIdx.y % 100 == 7 && (blockIdx.x == 5 || blockIdx.x == 6))
+    phases.print("forward", blockIdx.x + 100 * blockIdx.y, warp, n_tiles);
 }
 
 template <class T, class BiasT, int D>
