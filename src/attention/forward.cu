@@ -117,18 +117,12 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     mask_ahead = mask_byte();
   }
 
-  // cp.async groups: mma.sync, one per tile (K, V, bias); wgmma, two (K and bias, then V, which
-  // is read a tile later: see the loop).
+  // One cp.async group per tile. wgmma reads V a tile later (see the loop), so its V tiles are
+  // loaded a tile later too.
   TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
   load_k(0, 0);
-  if constexpr (kWgmma) {
-    load_bias(0, 0);
-    dev::cp_async_commit();
-    load_v(0, 0);
-  } else {
-    load_v(0, 0);
-    load_bias(0, 0);
-  }
+  if constexpr (!kWgmma) load_v(0, 0);
+  load_bias(0, 0);
   dev::cp_async_commit();
 
   // Rows this thread holds in every accumulator: r = 0 -> warp row g, r = 1 -> g + 8.
@@ -171,21 +165,20 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
     // One barrier per tile: after it every warp has finished tile j - 1, so its stage can take
-    // tile j + 1 (loads and mask), which then has all of tile j's math to land. wgmma: V of
-    // tile j - 1 is still read (PV a tile late), so V of tile j + 1 is loaded at the end of
-    // tile j and is the one group allowed in flight here.
-    if constexpr (kWgmma) {
-      dev::cp_async_wait<1>();
-      dev::fence_proxy_async();  // this thread's copies, visible to wgmma
-    } else {
-      dev::cp_async_wait<0>();
-    }
+    // tile j + 1 (loads and mask), which then has all of tile j's math to land. wgmma: this
+    // tile reads V of tile j - 1 (PV a tile late), so V of tile j goes into stage j, whose
+    // previous tile's PV every warp waited for in tile j - 1. (Loading it as soon as this warp
+    // had waited for that PV raced with the other warps' parts of it: O off by 2x the bf16
+    // floor in bench/results/h200/v11_iter/attention_accuracy_race.md.)
+    dev::cp_async_wait<0>();
+    if constexpr (kWgmma) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
     __syncthreads();
     if (j + 1 < n_tiles) {
       load_k(j + 1, (j + 1) % Cfg::kStages);
       if constexpr (!kWgmma) load_v(j + 1, (j + 1) % Cfg::kStages);
       load_bias(j + 1, (j + 1) % Cfg::kStages);
     }
+    if constexpr (kWgmma) load_v(j, stage);
     dev::cp_async_commit();
     if (mask_thread) {
       reinterpret_cast<uint4*>(sMask)[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
@@ -309,8 +302,6 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
         dev::acc_to_a<T>(pa_prev[kk], sc[2 * kk], sc[2 * kk + 1]);
         Mma::run(lsum, pa_prev[kk], ones, ones);
       }
-      if (j + 1 < n_tiles) load_v(j + 1, (j + 1) % Cfg::kStages);  // its stage's PV is done
-      dev::cp_async_commit();
     } else {
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
@@ -330,6 +321,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     phases.mark(4);
   }
   if constexpr (kWgmma) {  // the last tile's PV
+    dev::cp_async_wait<0>();
+    dev::fence_proxy_async();
+    __syncthreads();
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
