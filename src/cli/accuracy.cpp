@@ -157,7 +157,8 @@ int cmd_accuracy(const Args& args) {
     js << (i ? ", " : "") << "\"" << json_escape(det.failures[i]) << "\"";
   js << "]}\n}\n";
   md << "\nBitwise determinism: " << det.deterministic << " of " << det.cases
-     << " cases gave identical dQ, dK, dV and dbias bytes over 5 backward calls (N in {1, 7, 33, "
+     << " cases gave identical O, LSE, residual, dQ, dK, dV and dbias bytes over 5 forward and 5 "
+        "backward calls (N in {1, 7, 33, "
         "64, 100, 129, 257} x D in {16, 32, 64, 128} x 3 mask patterns x 2 layouts x 2 bias "
         "dtypes x 2 seeds).\n";
   std::fputs(md.str().c_str(), stdout);

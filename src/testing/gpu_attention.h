@@ -13,12 +13,12 @@ namespace tpf::harness {
 struct GpuRunOptions {
   bool backward = true;
   bool compensate = true;
-  int repeats = 1;  // backward calls; results of all calls must be bitwise identical
+  int repeats = 1;  // forward and backward calls; results of all calls must be bitwise identical
 };
 
 struct GpuRunResult {
   Status status;
-  bool deterministic = true;  // every repeat gave the same bytes of dq, dk, dv, dbias
+  bool deterministic = true;  // every repeat gave the same bytes of out, res, lse, dq, dk, dv, dbias
 };
 
 GpuRunResult run_attention_gpu(test::AttnProblem& p, const GpuRunOptions& opt);

@@ -65,7 +65,7 @@ TEST_P(GpuAttention, MatchesFp64Reference) {
   opt.repeats = c.repeats;
   const auto run = harness::run_attention_gpu(p, opt);
   ASSERT_TRUE(run.status.ok()) << run.status.message();
-  EXPECT_TRUE(run.deterministic) << "gradients differ between repeated calls";
+  EXPECT_TRUE(run.deterministic) << "outputs or gradients differ between repeated calls";
   const auto err = harness::attention_errors(p, ref, true);
   for (size_t i = 0; i < err.names.size(); ++i) {
     const double factor = i == 0 ? kOutFactor : kGradFactor;
@@ -105,6 +105,12 @@ std::vector<GpuCase> cases() {
   v.push_back({4, 96, 32, DType::kFP16, DType::kFP16, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 64, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kOpenFold3Strided});
   v.push_back({3, 130, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, false});
+  // Enough blocks to fill the GPU, three calls each way (forward outputs compared bytewise
+  // too). It did not reproduce the V-stage race of 4f9bee4's D = 32 wgmma forward in two runs:
+  // that race showed only as O at 2-2.8x the bf16 floor in the accuracy table
+  // (bench/results/h200/v11_iter/attention_accuracy_race.md), so that table stays part of
+  // every kernel change's check (scripts/device_final_attention.sh).
+  v.push_back({48, 384, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
   return v;
 }
 
