@@ -38,9 +38,9 @@ constexpr size_t fwd_smem_bytes() {
          Cfg::kStages * Cfg::kBlockK * 16 + Cfg::kStages * FwdBias<BiasT, D>::kBytes + (fwd_wgmma<D>() ? 512 : 0);
 }
 
-// Launch-bounds hint: the configured one, else 0 (the compiler's choice: 168 registers at
-// D <= 64, 3 blocks/SM) where shared memory allows 3 blocks, else the blocks it allows (fp32
-// bias tiles: 2, so up to 255 registers instead of spills at 168).
+// Launch-bounds hint: the configured one, else 0 (the compiler's choice, which stays within the
+// 168 registers of 3 blocks/SM at D = 32 and 64) where shared memory allows 3 blocks, else the
+// blocks it allows (fp32 bias tiles: 2, so up to 255 registers instead of spills at 168).
 template <class BiasT, int D>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D>());
