@@ -33,22 +33,25 @@ struct FwdConfig {
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
-// tiles (64 rows at D <= 32, 32 above). A "quad" of 4 warps handles one slice (each warp 16
+// tiles (64 rows at D <= 32, 32 above). A "quad" of 4 warps computes one slice (each warp 16
 // keys = one MMA M); kSlices quads run side by side on consecutive slices so that one bias tile
-// load serves all of them and their dS tiles are summed (fixed quad order, each quad finishing
-// its share of the tile) before the single read-modify-write of the block's private dbias
-// partial: bias reads and dbias traffic shrink by kSlices. kSlices is limited by registers: dK and dV of 16 keys x D stay in registers,
-// which at D = 128 fills a thread's budget with one quad per block. At D <= 32, two quads with
-// 64-query steps beat four quads with 32-query steps (which spill at 128 registers) and one quad
-// (twice the dbias traffic): 10.1 vs 11.0 vs 16.2 ms forward+backward at N = 768 (perf-notes v5).
+// load serves all of them and their dS tiles are summed before the single read-modify-write of
+// the block's private dbias partial: bias reads and dbias traffic shrink by kSlices. kSlices is
+// limited by registers: dK and dV of 16 keys x D stay in registers, which at D = 128 fills a
+// thread's budget with one quad per block. At D <= 32, two quads with 64-query steps beat four
+// quads with 32-query steps (which spill at 128 registers) and one quad (twice the dbias
+// traffic): 10.1 vs 11.0 vs 16.2 ms forward+backward at N = 768 (perf-notes v5).
+// One more warpgroup, the helper, does everything that is not math (perf-notes v12): two warps
+// load the tiles and finish the dbias partial, two add the dQ parts in key-tile order (the turn
+// wait, fetch, store and release that cost the math warps ~2000 of a ~6400-cycle step).
 #ifndef TPF_BWD_SLICES_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
 #define TPF_BWD_SLICES_SMALL_D 2
 #endif
 #ifndef TPF_BWD_BLOCK_Q_SMALL_D  // 32 no longer builds at D = 16: its copies pass 64 rows at once
 #define TPF_BWD_BLOCK_Q_SMALL_D 64
 #endif
-#ifndef TPF_BWD_MIN_BLOCKS_SMALL_D  // resident blocks per SM the register budget must allow
-#define TPF_BWD_MIN_BLOCKS_SMALL_D 1
+#ifndef TPF_BWD_HELPER_REGS  // registers per helper thread when two quads take the rest
+#define TPF_BWD_HELPER_REGS 96
 #endif
 template <int D>
 struct BwdConfig {
@@ -56,9 +59,19 @@ struct BwdConfig {
   // Query rows per step: S^T and dP^T take BQ/2 registers each per thread.
   static constexpr int kBlockQ = D <= 32 ? TPF_BWD_BLOCK_Q_SMALL_D : 32;
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
-  static constexpr int kWarps = 4 * kSlices;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kMinBlocks = D <= 32 ? TPF_BWD_MIN_BLOCKS_SMALL_D : 1;
+  static constexpr int kMathWarps = 4 * kSlices;
+  static constexpr int kMathThreads = 32 * kMathWarps;
+  static constexpr int kHelperThreads = 128;  // one warpgroup: 2 loader warps, 2 dQ warps
+  static constexpr int kThreads = kMathThreads + kHelperThreads;
+  // Register split (setmaxnreg) when the launch's 65536 / kThreads budget is below what the
+  // math needs: the helper keeps kHelperRegs, the math warps take the rest (a multiple of 8).
+  // With one quad (256 threads) every thread already gets 255: no split.
+  static constexpr bool kSplitRegs = kThreads > 256;
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168 at 384 threads
+  static constexpr int kHelperRegs = TPF_BWD_HELPER_REGS;
+  static constexpr int kMathRegs =
+      ((kLaunchRegs * kThreads - kHelperRegs * kHelperThreads) / kMathThreads) / 8 * 8;
+  static_assert(!kSplitRegs || (kMathRegs <= 256 && kHelperRegs >= 24), "setmaxnreg range");
 };
 
 // Blocks the backward aims to launch: 4 waves of 132 SMs bound the tail of the last wave to

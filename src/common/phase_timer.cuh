@@ -13,7 +13,8 @@
 
 namespace tpf::dev {
 
-template <int kWarps, int kPhases>
+// kTag tells apart timers of one shape in one kernel (each shape and tag has its own sums).
+template <int kWarps, int kPhases, int kTag = 0>
 struct PhaseTimer {
   static_assert(kPhases <= 10, "print() shows ten phases");
 #if TPF_EXPERIMENT_PHASES
