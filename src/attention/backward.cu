@@ -4,10 +4,9 @@
 // take BwdConfig::kSlices consecutive slices side by side and walk all query tiles; each
 // probability tile P is recomputed once (from the forward's LSE) and feeds all four gradients:
 //   dV += P^T dO, dK += dS^T Q (registers, per slice), dQ += dS K, dbias += sum_s dS.
-// A helper warpgroup does the rest, one warp per role, so the math warps only wait for tiles and
-// buffers:
-// - the loader fetches each step's tiles into the stage the math has just finished;
-// - the dbias warp sums the quads' dS tiles in quad order onto the block's private fp32 partial
+// The math warps also issue each step's tile loads a step ahead. A helper warpgroup does the
+// rest, so the math warps only wait for tiles and buffers:
+// - two dbias warps sum the quads' dS tiles in quad order onto the block's private fp32 partial
 //   of its slice chunk (the chunks are summed in order later);
 // - two dQ warps, one per stage of sDq, add each step's dQ part to an fp32 buffer, the key tiles
 //   of a (slice group, query tile) one after another in key-tile order, handed on by a
@@ -53,25 +52,28 @@ struct BwdSmem {
   // fp32 regions
   static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       LSE * log2(e)
   static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
-  static constexpr int kOld = BK * kFStride;   // sOld  [BK][BQ+8]       dbias partial so far
   static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T, fp32, for dbias
   static constexpr int kDq = 2 * G * BQ * D;   // sDq   [2][G][BQ][D]    this key tile's dQ part
-  static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
   // bias tiles [2] (bias dtype, BiasTile layout)
   static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
+  // sOld [BK][BQ+8], the dbias partial so far (fetched a step ahead; two steps ahead measured
+  // no faster: perf-notes v12).
+  static constexpr int kOld = BK * kFStride;
+  static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
   static constexpr size_t bytes() { return size_t(k16) * 2 + size_t(k32) * 4 + 2 * kBiasBytes; }
+  static_assert(bytes() <= 227 * 1024, "the H200's shared memory per block");
 };
 
 // Named barriers (0, __syncthreads, is not used once the roles split). "+ st": one per stage.
 // Each hands a buffer between the math warps (all of them) and one helper warp: the side that
 // hands it over arrives (does not wait), the side that takes it syncs.
 enum BwdBarrier : int {
-  kBarFull = 1,       // + st: step's tiles landed (loader -> math)
-  kBarDoneL = 3,      // + st: math done with stage st (math -> loader)
+  kBarTiles = 1,      // the math warps among themselves: a step's tiles landed, the other
+                      // stage free for the next step's loads
+  kBarDoneB = 2,      // sdSf written (math -> dbias warps)
   kBarDoneQ = 5,      // + st: sDq[st] written (math -> dQ warp st)
   kBarDqFree = 7,     // + st: sDq[st] added (dQ warp st -> math)
-  kBarDsFree = 9,     // sdSf read for dbias (dbias warp -> math)
-  kBarDoneB = 10,     // sdSf written (math -> dbias warp)
+  kBarDsFree = 9,     // sdSf read for dbias (dbias warps -> math)
   kBarQuad = 11,      // + quad: a quad's dS^T tile complete (G <= 2: ids 11, 12)
 };
 
@@ -82,10 +84,11 @@ struct BwdBlock {
   using L = BwdSmem<BiasT, D>;
   static constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
   static constexpr int kMath = Cfg::kMathThreads;
-  static constexpr int kWith = kMath + 32;      // participants of a math <-> helper warp barrier
-  static constexpr int kVirt = 4;               // a helper lane plays 4 threads of the 128-thread
-                                                // copy geometry (whole swizzle periods per pass
-                                                // at every D)
+  static constexpr int kWith = kMath + 64;      // participants of a math <-> dbias barrier: the
+                                                // math and both dbias warps
+  static constexpr int kWith1 = kMath + 32;     // of a math <-> dQ warp barrier: one dQ warp
+  static constexpr int kVirt = 2;               // a helper warp takes half of a 128-thread
+                                                // geometry: lane + 32 v + 64 half, v < kVirt
   const BwdArgs& a;
   int N, S, H, b, h, kb, k0, n_sg, nq, sg_begin, sg_end, steps;
   T *sK, *sV, *sQ, *sdO, *sdS;
@@ -134,82 +137,19 @@ struct BwdBlock {
   }
 };
 
-// The helper's loader warp: everything step gs reads, into stage gs & 1 (and, on a group's first
-// step, its K and V), issued as soon as the math is done with that stage.
+// The helper's dbias warps: the dbias partial of step gs = the partial so far + every quad's dS in
+// quad order, into the block's private fp32 partial; warp `half` takes half of the tile's rows. The
+// partial so far is fetched a step ahead.
 template <class T, class BiasT, int D>
-__device__ __forceinline__ void run_loader(const BwdBlock<T, BiasT, D>& k, int lane) {
-  using B = BwdBlock<T, BiasT, D>;
-  using L = BwdSmem<BiasT, D>;
-  constexpr int G = B::G, BK = B::BK, BQ = B::BQ;
-  const BwdArgs& a = k.a;
-  const BiasT* gBias = static_cast<const BiasT*>(a.bias.ptr) + k.b * a.bias.sb + k.h * a.bias.sh;
-  auto load_step = [&](int gs) {
-    const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
-#pragma unroll 1
-    for (int m = 0; m < G; ++m) {
-      const int s = k.slice_of(sg, m), rows = k.rows_of(sg, m);
-#pragma unroll 1
-      for (int v = 0; v < B::kVirt; ++v) {
-        const int vt = lane + 32 * v;
-        const TileCopier<D, BQ, 128> qc(vt);
-        qc.copy(k.sQ + (st * G + m) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
-        qc.copy(k.sdO + (st * G + m) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
-        if (qi == 0) {
-          const TileCopier<D, BK, 128> kc(vt);
-          kc.copy(k.k_tile(sg, m), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
-          kc.copy(k.v_tile(sg, m), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);
-        }
-      }
-    }
-#pragma unroll 1
-    for (int v = 0; v < B::kVirt; ++v) {
-      const int vt = lane + 32 * v;
-      if (vt < G * BQ) {  // LSE (log2 units) and Dlt; zero past N, harmless since dO is zero there
-        const int m = vt / BQ, r = vt % BQ, s = k.slice_of(sg, m);
-        const int64_t row = ((static_cast<int64_t>(k.b) * k.S + s) * k.H + k.h) * k.N + q0 + r;
-        const bool ok = q0 + r < k.rows_of(sg, m);
-        dev::cp_async_4(k.sLse + (st * G + m) * BQ + r, a.lse_log2 + row, ok);
-        dev::cp_async_4(k.sDlt + (st * G + m) * BQ + r, a.delta + row, ok);
-      }
-      BiasCopier<BiasT, BQ, BK, 128>(vt).copy(k.sBias + st * L::kBiasBytes, a.bias, gBias, q0, k.k0, k.N, vt);
-    }
-  };
-  load_step(0);
-  dev::cp_async_commit();
-  if (k.steps > 1) load_step(1);
-  dev::cp_async_commit();
-  dev::cp_async_wait<1>();
-  dev::bar_arrive(kBarFull + 0, B::kWith);
-  dev::cp_async_wait<0>();
-  if (k.steps > 1) dev::bar_arrive(kBarFull + 1, B::kWith);
-  dev::PhaseTimer<1, 3> phases(0, lane);  // DONE_L wait, issue, landing (timing experiment)
-  for (int gs = 0; gs < k.steps; ++gs) {  // every DONE_L is waited for: no barrier left half-arrived
-    const int st = gs & 1;
-    dev::bar_sync(kBarDoneL + st, B::kWith);  // the math is done with stage st
-    phases.mark(0);
-    if (gs + 2 >= k.steps) continue;
-    load_step(gs + 2);
-    dev::cp_async_commit();
-    phases.mark(1);
-    dev::cp_async_wait<0>();
-    dev::bar_arrive(kBarFull + st, B::kWith);
-    phases.mark(2);
-  }
-  if (k.is_traced()) phases.print("bwd-loader", k.kb, 0, k.steps);
-}
-
-// The helper's dbias warp: the dbias partial of step gs = the partial so far + every quad's dS in
-// quad order, into the block's private fp32 partial. The partial so far is fetched a step ahead.
-template <class T, class BiasT, int D>
-__device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int lane) {
+__device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int lane, int half) {
   using B = BwdBlock<T, BiasT, D>;
   using L = BwdSmem<BiasT, D>;
   constexpr int G = B::G, BK = B::BK, BQ = B::BQ, FS = L::kFStride;
   if (!k.part) return;
   const int cols = k.a.part_cols;
-  // [BK][BQ] fp32 of a step: virtual thread vt takes column 4 (vt % (BQ/4)) of rows
-  // vt / (BQ/4) + it * kPartRows, in the fetch and in the update alike (a lane reads back only
-  // what its own cp.async fetched).
+  // [BK][BQ] fp32 of a step: virtual thread vt (64 half + lane + 32 v) of 128 takes column
+  // 4 (vt % (BQ/4)) of rows vt / (BQ/4) + it * kPartRows, in the fetch and in the update alike
+  // (a lane reads back only what its own cp.async fetched).
   constexpr int kPartRows = 128 / (BQ / 4), kPartIters = BK / kPartRows;
   static_assert(BK % kPartRows == 0, "dbias chunks: whole rows per pass");
   // Whether step gs's group starts the chunk (its partial not yet written: no old value).
@@ -219,7 +159,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     const int q0 = k.query_tile_of(gs) * BQ;
 #pragma unroll 1
     for (int v = 0; v < B::kVirt; ++v) {
-      const int vt = lane + 32 * v, r = vt / (BQ / 4), c = 4 * (vt % (BQ / 4));
+      const int vt = 64 * half + lane + 32 * v, r = vt / (BQ / 4), c = 4 * (vt % (BQ / 4));
 #pragma unroll
       for (int it = 0; it < kPartIters; ++it)
         dev::cp_async_16(k.sOld + (r + it * kPartRows) * FS + c, k.part + (r + it * kPartRows) * cols + q0 + c, true);
@@ -227,7 +167,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
   };
   load_old(0);
   dev::cp_async_commit();
-  dev::PhaseTimer<1, 3, 1> phases(0, lane);  // DONE_B wait, sOld wait, sum (timing experiment)
+  dev::PhaseTimer<2, 3, 1> phases(half, lane);  // DONE_B wait, sOld wait, sum (timing experiment)
   for (int gs = 0; gs < k.steps; ++gs) {
     const int q0 = k.query_tile_of(gs) * BQ;
     const bool first = first_group(gs);
@@ -237,7 +177,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     phases.mark(1);
 #pragma unroll 1
     for (int v = 0; v < (TPF_EXPERIMENT_PHASES && (k.a.experiment & 1) ? 0 : B::kVirt); ++v) {
-      const int vt = lane + 32 * v, r = vt / (BQ / 4), c = 4 * (vt % (BQ / 4));
+      const int vt = 64 * half + lane + 32 * v, r = vt / (BQ / 4), c = 4 * (vt % (BQ / 4));
 #pragma unroll 4
       for (int it = 0; it < kPartIters; ++it) {
         const int row = r + it * kPartRows;
@@ -257,21 +197,22 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     }
     phases.mark(2);
   }
-  if (k.is_traced()) phases.print("bwd-dbias", k.kb, 1, k.steps);
+  if (k.is_traced()) phases.print("bwd-dbias", k.kb, half, k.steps);
 }
 
-// The helper's dQ warp `w` takes the steps gs = w (mod 2), i.e. the dQ parts in sDq[w]: each is
-// added to the fp32 sum of the key tiles before this one (dq_acc) when the key tile's turn comes,
-// and the turn handed on. Two warps keep two steps' turn chains (wait, fetch, add, store,
+// The helper's dQ warps: warp w takes the steps gs = w (mod 2), i.e. the dQ parts in sDq[w]: each
+// is added to the fp32 sum of the key tiles before this one (dq_acc) when the key tile's turn
+// comes, and the turn handed on. Two warps keep two steps' turn chains (wait, fetch, add, store,
 // release: latency, not work) in flight.
 template <class T, class BiasT, int D>
 __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int lane, int w) {
   using B = BwdBlock<T, BiasT, D>;
   constexpr int G = B::G, BQ = B::BQ;
+  constexpr int kVirt = 4;  // the warp plays all 128 threads of the geometry below
   const BwdArgs& a = k.a;
-  // fp32 dQ tiles [G][BQ][D] move in 16-byte chunks: virtual thread vt takes column 4 (vt % (D/4))
-  // of rows vt / (D/4) + it * kDqRows, rows counted over the G members' BQ rows; fetch and finish
-  // map each chunk to the same lane, so waiting for its own copies is enough.
+  // fp32 dQ tiles [G][BQ][D] move in 16-byte chunks: virtual thread vt (lane + 32 v) of 128 takes
+  // column 4 (vt % (D/4)) of rows vt / (D/4) + it * kDqRows, rows counted over the G members' BQ
+  // rows.
   constexpr int kDqRows = 128 / (D / 4), kDqIters = G * BQ / kDqRows;
   static_assert(128 % (D / 4) == 0 && BQ % kDqRows == 0, "whole dQ rows per pass");
   const int64_t dq_slice_stride = static_cast<int64_t>(k.H) * k.N * D;  // consecutive slices
@@ -287,13 +228,14 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
                    r0 * D + c, k.N - qi * BQ - r0, min(G, k.S - sg * G)};
   };
   // The earlier sum is read straight into registers (L2: cg), kVB virtual threads' row passes at
-  // a time, so one round trip serves 8 chunks (16 spill at the helper's register budget).
+  // a time, so one round trip serves 8 chunks (16 spill at the helper's register budget; one
+  // cp.async round trip for the whole tile into shared memory measured no faster: perf-notes v12).
   constexpr int kVB = kDqIters >= 8 ? 1 : 8 / kDqIters;
-  static_assert(B::kVirt % kVB == 0, "whole batches");
+  static_assert(kVirt % kVB == 0, "whole batches");
   dev::PhaseTimer<2, 4> phases(w, lane);  // DONE_Q wait, turn wait, add, release (timing experiment)
   for (int gs = w; gs < k.steps; gs += 2) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
-    dev::bar_sync(kBarDoneQ + w, B::kWith);  // sDq[w] holds step gs
+    dev::bar_sync(kBarDoneQ + w, B::kWith1);  // sDq[w] holds step gs
     phases.mark(0);
     // Wait for the turn: the key tiles before this one have stored theirs.
     if (k.kb > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !(TPF_EXPERIMENT_PHASES && (a.experiment & 4)))
@@ -301,7 +243,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
     __syncwarp();
     phases.mark(1);
 #pragma unroll 1
-    for (int v0 = 0; v0 < (TPF_EXPERIMENT_PHASES && (a.experiment & 2) ? 0 : B::kVirt); v0 += kVB) {
+    for (int v0 = 0; v0 < (TPF_EXPERIMENT_PHASES && (a.experiment & 2) ? 0 : kVirt); v0 += kVB) {
       DqChunk ch[kVB];
       float4 old[kVB][kDqIters];
 #pragma unroll
@@ -327,7 +269,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
           *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
         }
     }
-    if (gs + 2 < k.steps) dev::bar_arrive(kBarDqFree + w, B::kWith);  // sDq[w] read
+    if (gs + 2 < k.steps) dev::bar_arrive(kBarDqFree + w, B::kWith1);  // sDq[w] read
     phases.mark(2);
     // Publish the stores: __syncwarp orders the other lanes' stores before lane 0's gpu-scope
     // release, which is cumulative, so no separate fence is needed (a __threadfence there cost
@@ -359,8 +301,36 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   const int krow[2] = {wq * 16 + g, wq * 16 + g + 8};
   T* qdS = k.sdS + quad * BK * BQ;
   float* qdSf = k.sdSf + quad * BK * FS;
+  const int qtid = tid % 128;
+  const BiasT* gBias = static_cast<const BiasT*>(a.bias.ptr) + k.b * a.bias.sb + k.h * a.bias.sh;
+  const TileCopier<D, BQ, 128> q_copier(qtid);  // a quad copies its own slice's tiles
+  const TileCopier<D, BK, 128> kv_copier(qtid);
+  const BiasCopier<BiasT, BQ, BK, B::kMath> bias_copier(tid);
+  // Everything step gs reads, into stage gs & 1: Q, dO, LSE, Dlt of each quad's slice, the bias
+  // tile, and on a group's first step its K and V (double-buffered by group). Issued a step
+  // ahead by the math warps themselves: a ~10-instruction burst per thread, where one loader
+  // warp took ~5000 cycles a step to issue them (perf-notes v12).
+  auto load_step = [&](int gs) {
+    const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
+    const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
+    q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
+    q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
+    if (qi == 0) {
+      kv_copier.copy(k.k_tile(sg, quad), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
+      kv_copier.copy(k.v_tile(sg, quad), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);
+    }
+    if (qtid < BQ) {  // LSE (log2 units) and Dlt; zero past N, harmless since dO is zero there
+      const int64_t row = ((static_cast<int64_t>(k.b) * k.S + s) * k.H + k.h) * k.N + q0 + qtid;
+      const bool ok = q0 + qtid < rows;
+      dev::cp_async_4(k.sLse + (st * G + quad) * BQ + qtid, a.lse_log2 + row, ok);
+      dev::cp_async_4(k.sDlt + (st * G + quad) * BQ + qtid, a.delta + row, ok);
+    }
+    bias_copier.copy(k.sBias + st * L::kBiasBytes, a.bias, gBias, q0, k.k0, k.N, tid);
+  };
+  load_step(0);
+  dev::cp_async_commit();
 
-  // Phases of a step (timing experiment, see phase_timer.cuh): tiles wait, S^T and dP^T, P and
+  // Phases of a step (timing experiment, see phase_timer.cuh): tiles wait + loads, S^T and dP^T, P and
   // dS, dV and dK, dS stores (with the DS_FREE wait), quad barrier, dQ part (with DQ_FREE).
   dev::PhaseTimer<BwdConfig<D>::kMathWarps, 7> phases(warp, lane);
   // The key mask of a group's rows, fetched one group ahead.
@@ -393,7 +363,10 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     const float* tLse = k.sLse + (st * G + quad) * BQ;
     const float* tDlt = k.sDlt + (st * G + quad) * BQ;
     const uint8_t* tBias = k.sBias + st * L::kBiasBytes;
-    dev::bar_sync(kBarFull + st, B::kWith);  // this step's tiles have landed
+    dev::cp_async_wait<0>();
+    dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
+    if (gs + 1 < k.steps) load_step(gs + 1);
+    dev::cp_async_commit();
     phases.mark(0);
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp.
@@ -492,7 +465,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
 
     // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[st]
     // once the dQ warps have added what it held two steps ago.
-    if (gs >= 2) dev::bar_sync(kBarDqFree + st, B::kWith);
+    if (gs >= 2) dev::bar_sync(kBarDqFree + st, B::kWith1);
     float* tDq = k.sDq + (st * G + quad) * BQ * D;
     const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
     if (dq_warp) {
@@ -519,8 +492,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       }
     }
     phases.mark(6);
-    dev::bar_arrive(kBarDoneL + st, B::kWith);  // stage st and sDq[st] handed over
-    dev::bar_arrive(kBarDoneQ + st, B::kWith);
+    dev::bar_arrive(kBarDoneQ + st, B::kWith1);  // sDq[st] handed over
 
     // A group's last step: dK = scale * dS^T Q and dV are complete for this slice.
     const int s = sg * G + quad;
@@ -554,10 +526,8 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
   if (tid >= Cfg::kMathThreads) {  // the helper warpgroup
     if constexpr (Cfg::kSplitRegs) dev::regs_decrease<Cfg::kHelperRegs>();
     const int role = (tid - Cfg::kMathThreads) / 32, lane = tid % 32;
-    if (role == 0) {
-      run_loader(blk, lane);
-    } else if (role == 1) {
-      run_dbias(blk, lane);
+    if (role < 2) {
+      run_dbias(blk, lane, role);
     } else {
       run_dq_warp(blk, lane, role - 2);
     }

@@ -41,9 +41,9 @@ struct FwdConfig {
 // thread's budget with one quad per block. At D <= 32, two quads with 64-query steps beat four
 // quads with 32-query steps (which spill at 128 registers) and one quad (twice the dbias
 // traffic): 10.1 vs 11.0 vs 16.2 ms forward+backward at N = 768 (perf-notes v5).
-// One more warpgroup, the helper, does everything that is not math (perf-notes v12): two warps
-// load the tiles and finish the dbias partial, two add the dQ parts in key-tile order (the turn
-// wait, fetch, store and release that cost the math warps ~2000 of a ~6400-cycle step).
+// One more warpgroup, the helper, does the reductions (perf-notes v12): two warps finish the dbias
+// partial, two add the dQ parts in key-tile order (the turn wait, fetch, store and release that
+// cost the math warps ~2000 of a ~6400-cycle step).
 #ifndef TPF_BWD_SLICES_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
 #define TPF_BWD_SLICES_SMALL_D 2
 #endif
@@ -61,7 +61,7 @@ struct BwdConfig {
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
   static constexpr int kMathWarps = 4 * kSlices;
   static constexpr int kMathThreads = 32 * kMathWarps;
-  static constexpr int kHelperThreads = 128;  // one warpgroup: 2 loader warps, 2 dQ warps
+  static constexpr int kHelperThreads = 128;  // one warpgroup: 2 dbias warps, 2 dQ warps
   static constexpr int kThreads = kMathThreads + kHelperThreads;
   // Register split (setmaxnreg) when the launch's 65536 / kThreads budget is below what the
   // math needs: the helper keeps kHelperRegs, the math warps take the rest (a multiple of 8).
