@@ -52,21 +52,21 @@ struct BwdSmem {
   // fp32 regions
   static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       LSE * log2(e)
   static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
+  static constexpr int kOld = BK * kFStride;   // sOld  [BK][BQ+8]       dbias partial so far
+                                               //   (a step ahead; two ahead measured no faster)
   static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T, fp32, for dbias
   static constexpr int kDq = 2 * G * BQ * D;   // sDq   [2][G][BQ][D]    this key tile's dQ part
+  static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
   // bias tiles [2] (bias dtype, BiasTile layout)
   static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
-  // sOld [BK][BQ+8], the dbias partial so far (fetched a step ahead; two steps ahead measured
-  // no faster: perf-notes v12).
-  static constexpr int kOld = BK * kFStride;
-  static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
   static constexpr size_t bytes() { return size_t(k16) * 2 + size_t(k32) * 4 + 2 * kBiasBytes; }
   static_assert(bytes() <= 227 * 1024, "the H200's shared memory per block");
 };
 
 // Named barriers (0, __syncthreads, is not used once the roles split). "+ st": one per stage.
-// Each hands a buffer between the math warps (all of them) and one helper warp: the side that
-// hands it over arrives (does not wait), the side that takes it syncs.
+// Each but the first and last hands a buffer between the math warps (all of them) and the helper
+// warps of one role (both dbias warps; one dQ warp): the side that hands it over arrives (does
+// not wait), the side that takes it syncs.
 enum BwdBarrier : int {
   kBarTiles = 1,      // the math warps among themselves: a step's tiles landed, the other
                       // stage free for the next step's loads
@@ -87,7 +87,7 @@ struct BwdBlock {
   static constexpr int kWith = kMath + 64;      // participants of a math <-> dbias barrier: the
                                                 // math and both dbias warps
   static constexpr int kWith1 = kMath + 32;     // of a math <-> dQ warp barrier: one dQ warp
-  static constexpr int kVirt = 2;               // a helper warp takes half of a 128-thread
+  static constexpr int kVirt = 2;               // a dbias warp takes half of a 128-thread
                                                 // geometry: lane + 32 v + 64 half, v < kVirt
   const BwdArgs& a;
   int N, S, H, b, h, kb, k0, n_sg, nq, sg_begin, sg_end, steps;

@@ -50,7 +50,10 @@ struct FwdConfig {
 #ifndef TPF_BWD_BLOCK_Q_SMALL_D  // 32 no longer builds at D = 16: its copies pass 64 rows at once
 #define TPF_BWD_BLOCK_Q_SMALL_D 64
 #endif
-#ifndef TPF_BWD_HELPER_REGS  // registers per helper thread when two quads take the rest
+// Registers per helper thread when two quads take the rest: 96 is the least at which the helper
+// does not spill (its dQ warps hold 8 chunks of the running sum); the math gets 200 and uses
+// ~192. Helper 72 / 56 (math 216 / 224): 7.62 / 7.97 vs 7.10 ms at D = 32 (perf-notes v12).
+#ifndef TPF_BWD_HELPER_REGS
 #define TPF_BWD_HELPER_REGS 96
 #endif
 template <int D>
