@@ -152,6 +152,10 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
   // (a lane reads back only what its own cp.async fetched).
   constexpr int kPartRows = 128 / (BQ / 4), kPartIters = BK / kPartRows;
   static_assert(BK % kPartRows == 0, "dbias chunks: whole rows per pass");
+  auto row_col = [&](int v) {  // virtual thread v's first row and its column
+    const int vt = 64 * half + lane + 32 * v;
+    return make_int2(vt / (BQ / 4), 4 * (vt % (BQ / 4)));
+  };
   // Whether step gs's group starts the chunk (its partial not yet written: no old value).
   auto first_group = [&](int gs) { return k.group_of(gs) == k.sg_begin; };
   auto load_old = [&](int gs) {
@@ -159,7 +163,8 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     const int q0 = k.query_tile_of(gs) * BQ;
 #pragma unroll 1
     for (int v = 0; v < B::kVirt; ++v) {
-      const int vt = 64 * half + lane + 32 * v, r = vt / (BQ / 4), c = 4 * (vt % (BQ / 4));
+      const int2 rc = row_col(v);
+      const int r = rc.x, c = rc.y;
 #pragma unroll
       for (int it = 0; it < kPartIters; ++it)
         dev::cp_async_16(k.sOld + (r + it * kPartRows) * FS + c, k.part + (r + it * kPartRows) * cols + q0 + c, true);
@@ -177,7 +182,8 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     phases.mark(1);
 #pragma unroll 1
     for (int v = 0; v < (TPF_EXPERIMENT_PHASES && (k.a.experiment & 1) ? 0 : B::kVirt); ++v) {
-      const int vt = 64 * half + lane + 32 * v, r = vt / (BQ / 4), c = 4 * (vt % (BQ / 4));
+      const int2 rc = row_col(v);
+      const int r = rc.x, c = rc.y;
 #pragma unroll 4
       for (int it = 0; it < kPartIters; ++it) {
         const int row = r + it * kPartRows;
