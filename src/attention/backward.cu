@@ -390,10 +390,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
         const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
         dev::ldmatrix_x4(qb, tile_at<D>(tQ, r, c));
         dev::ldmatrix_x4(ob, tile_at<D>(tdO, r, c));
-        Mma::run(sT[2 * np], ka, qb[0], qb[1]);
-        Mma::run(sT[2 * np + 1], ka, qb[2], qb[3]);
-        Mma::run(dpT[2 * np], va, ob[0], ob[1]);
-        Mma::run(dpT[2 * np + 1], va, ob[2], ob[3]);
+        dev::mma_n16<T>(sT[2 * np], sT[2 * np + 1], ka, qb);
+        dev::mma_n16<T>(dpT[2 * np], dpT[2 * np + 1], va, ob);
       }
     }
 
@@ -439,10 +437,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
         const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
         dev::ldmatrix_x4_trans(ob, tile_at<D>(tdO, r, c));
         dev::ldmatrix_x4_trans(qb, tile_at<D>(tQ, r, c));
-        Mma::run(dv[2 * dp], pa, ob[0], ob[1]);
-        Mma::run(dv[2 * dp + 1], pa, ob[2], ob[3]);
-        Mma::run(dk[2 * dp], sa, qb[0], qb[1]);
-        Mma::run(dk[2 * dp + 1], sa, qb[2], qb[3]);
+        dev::mma_n16<T>(dv[2 * dp], dv[2 * dp + 1], pa, ob);
+        dev::mma_n16<T>(dk[2 * dp], dk[2 * dp + 1], sa, qb);
       }
     }
 
@@ -486,8 +482,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
                                                  qg * 2 + ((lane >> 3) & 1)));
           dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                  dg * 2 + (lane >> 4)));
-          Mma::run(dq[0], sa, kb4[0], kb4[1]);
-          Mma::run(dq[1], sa, kb4[2], kb4[3]);
+          dev::mma_n16<T>(dq[0], dq[1], sa, kb4);
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n)

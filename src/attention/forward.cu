@@ -221,8 +221,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
         for (int np = 0; np < NT / 2; ++np) {
           uint32_t kb[4];
           dev::ldmatrix_x4(kb, tK + k_off[ks] + np * 16 * D * 2);
-          Mma::run(sc[2 * np], qa[ks], kb[0], kb[1]);
-          Mma::run(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
+          dev::mma_n16<T>(sc[2 * np], sc[2 * np + 1], qa[ks], kb);
         }
     }
 
@@ -313,8 +312,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
           uint32_t vb[4];
           dev::ldmatrix_x4_trans(vb, tile_at<D>(tV, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                 dp * 2 + (lane >> 4)));
-          Mma::run(o[2 * dp], pa, vb[0], vb[1]);
-          Mma::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+          dev::mma_n16<T>(o[2 * dp], o[2 * dp + 1], pa, vb);
         }
       }
     }

@@ -130,6 +130,15 @@ struct MmaOp<__half> {
 };
 #undef TPF_MMA_M16N8K8
 
+// c0 += a b[0..1] and c1 += a b[2..3]: the two n8 tiles of B that one ldmatrix.x4 delivers
+// (matrices 0, 1: the first tile's k halves; 2, 3: the second's).
+template <class T>
+__device__ __forceinline__ void mma_n16(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[4]) {
+  MmaOp<T>::run(c0, a, b[0], b[1]);
+  MmaOp<T>::run(c1, a, b[2], b[3]);
+}
+
 // Two accumulator n-tiles (16 columns) of an m16n8 C fragment, as one m16k16 A fragment.
 template <class T>
 __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
