@@ -22,6 +22,7 @@
 #include "common/kernel_attrs.h"
 #include "common/phase_timer.cuh"
 #include "common/warp_roles.cuh"
+#include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -59,7 +60,11 @@ struct BwdSmem {
   static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
   // bias tiles [2] (bias dtype, BiasTile layout)
   static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
-  static constexpr size_t bytes() { return size_t(k16) * 2 + size_t(k32) * 4 + 2 * kBiasBytes; }
+  // wgmma reads the 16-bit tiles through swizzle patterns keyed to address bits: the block's
+  // base is aligned to the 128-byte swizzle's 1024-byte period (sdS), the rest follow in whole
+  // 4 KB tiles.
+  static constexpr int kAlign = Cfg::kWgmma ? 1024 : 0;
+  static constexpr size_t bytes() { return size_t(k16) * 2 + size_t(k32) * 4 + 2 * kBiasBytes + kAlign; }
   static_assert(bytes() <= 227 * 1024, "the H200's shared memory per block");
 };
 
@@ -128,9 +133,9 @@ struct BwdBlock {
   __device__ __forceinline__ int rows_of(int sg, int m) const { return sg * G + m < S ? N : 0; }
   __device__ __forceinline__ T* k_tile(int sg, int m) const { return sK + (((sg - sg_begin) & 1) * G + m) * BK * D; }
   __device__ __forceinline__ T* v_tile(int sg, int m) const { return sV + (((sg - sg_begin) & 1) * G + m) * BK * D; }
-  // The blocks whose phase timers print (timing experiment): the first and a middle key tile.
+  // The blocks whose phase timers print (timing experiment): the first, a middle and the last key tile.
   __device__ __forceinline__ bool is_traced() const {
-    return blockIdx.y == 0 && blockIdx.z == 0 && (kb == 0 || kb == 6);
+    return blockIdx.y == 0 && blockIdx.z == 0 && (kb == 0 || kb == 6 || kb + 1 == static_cast<int>(gridDim.x));
   }
   __device__ __forceinline__ int* turn_of(int sg, int qi) const {
     return a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
@@ -300,6 +305,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (0 at D=16)
   constexpr int kDqUnitsPerWarp = kDqUnits > 0 ? kDqUnits : 1;
   constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kWg = BwdConfig<D>::kWgmma;  // 0 mma.sync, 1 wgmma but dQ, 2 wgmma (tile_config.h)
+  static_assert(!kWg || (D == 32 && BQ == 64 && BK == 64), "the wgmma shapes: 64 x 64 x 32 steps");
   const BwdArgs& a = k.a;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int quad = warp / 4, wq = warp % 4;
@@ -336,9 +343,10 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   load_step(0);
   dev::cp_async_commit();
 
-  // Phases of a step (timing experiment, see phase_timer.cuh): tiles wait + loads, S^T and dP^T, P and
-  // dS, dV and dK, dS stores (with the DS_FREE wait), quad barrier, dQ part (with DQ_FREE).
-  dev::PhaseTimer<BwdConfig<D>::kMathWarps, 7> phases(warp, lane);
+  // Phases of a step (timing experiment, see phase_timer.cuh): own tiles wait, tiles barrier, next
+  // loads, S^T and dP^T, P and dS, dV and dK, dS stores (with the DS_FREE wait), quad barrier, dQ
+  // part (with DQ_FREE).
+  dev::PhaseTimer<BwdConfig<D>::kMathWarps, 9> phases(warp, lane);
   // The key mask of a group's rows, fetched one group ahead.
   auto attended = [&](int sg, int r) {
     const int s = sg * G + quad;
@@ -370,32 +378,66 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     const float* tDlt = k.sDlt + (st * G + quad) * BQ;
     const uint8_t* tBias = k.sBias + st * L::kBiasBytes;
     dev::cp_async_wait<0>();
+    if constexpr (kWg > 0) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    phases.mark(0);
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
+    phases.mark(1);
     if (gs + 1 < k.steps) load_step(gs + 1);
     dev::cp_async_commit();
-    phases.mark(0);
+    phases.mark(2);
 
-    // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp.
-    float sT[QT][4] = {}, dpT[QT][4] = {};
+    // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row, 8-row groups 512 bytes
+    // apart): K, V, Q, dO K-major for S^T and dP^T (a k16 step is 32 bytes along a row: + 2 in
+    // the descriptor), Q, dO, K MN-major for dV, dK, dQ (a k16 step is 16 rows: + 64); dS^T
+    // MN-major in its 128-byte-swizzled tile (8-row groups 1024 bytes apart, a k16 step + 128).
+    constexpr auto kSw64 = dev::Swizzle::k64B;
+    [[maybe_unused]] const uint64_t descK = dev::wgmma_desc(dev::smem_addr(qK), 16, 512, kSw64);
+    [[maybe_unused]] const uint64_t descV = dev::wgmma_desc(dev::smem_addr(qV), 16, 512, kSw64);
+    [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc(dev::smem_addr(tQ), 16, 512, kSw64);
+    [[maybe_unused]] const uint64_t descO = dev::wgmma_desc(dev::smem_addr(tdO), 16, 512, kSw64);
+    [[maybe_unused]] float(&dk_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dk);  // wgmma's view
+    [[maybe_unused]] float(&dv_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dv);
+
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp (wgmma: the quad's 64 keys).
+    float sT[QT][4], dpT[QT][4];
+    if constexpr (kWg > 0) {
+      float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(sT);
+      float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dpT);
+      dev::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t ka[4], va[4];
-      dev::ldmatrix_x4(ka, tile_at<D>(qK, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                      ks * 2 + (lane >> 4)));
-      dev::ldmatrix_x4(va, tile_at<D>(qV, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                      ks * 2 + (lane >> 4)));
+      for (int ks = 0; ks < KS; ++ks) {
+        dev::WgmmaSS<T, BQ, 0, 0>::run(s_flat, descK + 2 * ks, descQ + 2 * ks, ks > 0);
+        dev::WgmmaSS<T, BQ, 0, 0>::run(dp_flat, descV + 2 * ks, descO + 2 * ks, ks > 0);
+      }
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();
+      dev::wgmma_fence_operands(s_flat);
+      dev::wgmma_fence_operands(dp_flat);
+    } else {
 #pragma unroll
-      for (int np = 0; np < QT / 2; ++np) {
-        uint32_t qb[4], ob[4];
-        const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-        dev::ldmatrix_x4(qb, tile_at<D>(tQ, r, c));
-        dev::ldmatrix_x4(ob, tile_at<D>(tdO, r, c));
-        dev::mma_n16<T>(sT[2 * np], sT[2 * np + 1], ka, qb);
-        dev::mma_n16<T>(dpT[2 * np], dpT[2 * np + 1], va, ob);
+      for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sT[nt][e] = dpT[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t ka[4], va[4];
+        dev::ldmatrix_x4(ka, tile_at<D>(qK, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                        ks * 2 + (lane >> 4)));
+        dev::ldmatrix_x4(va, tile_at<D>(qV, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                        ks * 2 + (lane >> 4)));
+#pragma unroll
+        for (int np = 0; np < QT / 2; ++np) {
+          uint32_t qb[4], ob[4];
+          const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
+          dev::ldmatrix_x4(qb, tile_at<D>(tQ, r, c));
+          dev::ldmatrix_x4(ob, tile_at<D>(tdO, r, c));
+          dev::mma_n16<T>(sT[2 * np], sT[2 * np + 1], ka, qb);
+          dev::mma_n16<T>(dpT[2 * np], dpT[2 * np + 1], va, ob);
+        }
       }
     }
 
-    phases.mark(1);
+    phases.mark(3);
     // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
     // 16-bit bias by ldmatrix.x4.trans: S^T pairs of n-tiles nt, nt + 1 (loaded at even nt).
     // Not at D = 128, whose registers are all taken (the extra four spill).
@@ -424,25 +466,42 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       }
     }
 
-    phases.mark(2);
+    phases.mark(4);
     // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
+    // wgmma: issued here, run while the dS^T tiles are stored, waited for with dQ's.
+    if constexpr (kWg > 0) {
+      uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // unchanged until the wait
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      uint32_t pa[4], sa[4];
-      dev::acc_to_a<T>(pa, sT[2 * kk], sT[2 * kk + 1]);
-      dev::acc_to_a<T>(sa, dpT[2 * kk], dpT[2 * kk + 1]);
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        dev::acc_to_a<T>(pa[kk], sT[2 * kk], sT[2 * kk + 1]);
+        dev::acc_to_a<T>(sa[kk], dpT[2 * kk], dpT[2 * kk + 1]);
+      }
+      dev::wgmma_fence();
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t ob[4], qb[4];
-        const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
-        dev::ldmatrix_x4_trans(ob, tile_at<D>(tdO, r, c));
-        dev::ldmatrix_x4_trans(qb, tile_at<D>(tQ, r, c));
-        dev::mma_n16<T>(dv[2 * dp], dv[2 * dp + 1], pa, ob);
-        dev::mma_n16<T>(dk[2 * dp], dk[2 * dp + 1], sa, qb);
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        dev::WgmmaN32RS<T, 1>::run(dv_flat, pa[kk], descO + 64 * kk, 1);
+        dev::WgmmaN32RS<T, 1>::run(dk_flat, sa[kk], descQ + 64 * kk, 1);
+      }
+      dev::wgmma_commit();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t pa[4], sa[4];
+        dev::acc_to_a<T>(pa, sT[2 * kk], sT[2 * kk + 1]);
+        dev::acc_to_a<T>(sa, dpT[2 * kk], dpT[2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t ob[4], qb[4];
+          const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
+          dev::ldmatrix_x4_trans(ob, tile_at<D>(tdO, r, c));
+          dev::ldmatrix_x4_trans(qb, tile_at<D>(tQ, r, c));
+          dev::mma_n16<T>(dv[2 * dp], dv[2 * dp + 1], pa, ob);
+          dev::mma_n16<T>(dk[2 * dp], dk[2 * dp + 1], sa, qb);
+        }
       }
     }
 
-    phases.mark(3);
+    phases.mark(5);
     // dS^T to shared memory: fp32 for the helper's dbias sum (once it has read the last step's),
     // 16-bit for this quad's dQ = dS K.
     if (k.part) {
@@ -461,16 +520,35 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) =
             Mma::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
-    phases.mark(4);
+    if constexpr (kWg == 2) dev::fence_proxy_async();  // the dS^T stores, visible to wgmma
+    phases.mark(6);
     dev::bar_sync(kBarQuad + quad, 128);  // the quad's dS^T tile is complete
-    phases.mark(5);
+    phases.mark(7);
 
     // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[st]
     // once the dQ warps have added what it held two steps ago.
     if (gs >= 2) dev::bar_sync(kBarDqFree + st, B::kWith1);
     float* tDq = k.sDq + (st * G + quad) * BQ * D;
     const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
-    if (dq_warp) {
+    if constexpr (kWg == 2) {
+      // dQ = dS K: A = dS^T read MN-major, B = K MN-major; 16 queries x D per warp.
+      const uint64_t descS = dev::wgmma_desc(dev::smem_addr(qdS), 16, 1024, dev::Swizzle::k128B);
+      float dq[DT * 4];
+      dev::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) dev::WgmmaSS<T, D, 1, 1>::run(dq, descS + 128 * kk, descK + 64 * kk, kk > 0);
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();  // and dV, dK
+      dev::wgmma_fence_operands(dq);
+      dev::wgmma_fence_operands(dk_flat);
+      dev::wgmma_fence_operands(dv_flat);
+#pragma unroll
+      for (int nt = 0; nt < DT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(tDq + (wq * 16 + g + 8 * r) * D + nt * 8 + 2 * t) =
+              make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+    } else if (dq_warp) {
 #pragma unroll
       for (int u = 0; u < kDqUnitsPerWarp; ++u) {
         const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);
@@ -492,7 +570,12 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
                 make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
       }
     }
-    phases.mark(6);
+    if constexpr (kWg == 1) {
+      dev::wgmma_wait<0>();  // dV, dK: their operands' stage is reloaded after the next barrier
+      dev::wgmma_fence_operands(dk_flat);
+      dev::wgmma_fence_operands(dv_flat);
+    }
+    phases.mark(8);
     dev::bar_arrive(kBarDoneQ + st, B::kWith1);  // sDq[st] handed over
 
     // A group's last step: dK = scale * dS^T Q and dV are complete for this slice.
@@ -514,13 +597,15 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       }
     }
   }
-  if ((warp == 0 || warp == 4) && k.is_traced()) phases.print("backward", k.kb, warp, k.steps);
+  if (k.is_traced()) phases.print("backward", k.kb, warp, k.steps);
 }
 
 template <class T, class BiasT, int D>
 __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(const BwdArgs a) {
   using Cfg = BwdConfig<D>;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  constexpr uint32_t kAlign = BwdSmem<BiasT, D>::kAlign;
+  uint8_t* smem = kAlign ? smem_raw + ((kAlign - (dev::smem_addr(smem_raw) & (kAlign - 1))) & (kAlign - 1)) : smem_raw;
   const BwdBlock<T, BiasT, D> blk(a, smem);
   if (blk.steps == 0) return;  // every role returns: no barrier is left half-arrived
   const int tid = threadIdx.x;

@@ -56,12 +56,21 @@ struct FwdConfig {
 #ifndef TPF_BWD_HELPER_REGS
 #define TPF_BWD_HELPER_REGS 96
 #endif
+// Tensor-core form of the backward's products at D = 32 (each quad is one warpgroup): 0 mma.sync
+// (ldmatrix fragments, every warp reading the whole Q / dO / K tile of its quad), 1 wgmma for
+// S^T, dP^T (m64n64k16, both operands from shared memory) and dV, dK (m64n32k16, P^T and dS^T from
+// registers), 2 also dQ (m64n32k16, dS^T MN-major from shared memory). wgmma reads a shared
+// operand once per warpgroup: ~72 instead of ~208 KB of operand reads per step.
+#ifndef TPF_BWD_WGMMA_D32
+#define TPF_BWD_WGMMA_D32 1
+#endif
 template <int D>
 struct BwdConfig {
   static constexpr int kBlockK = 64;
   // Query rows per step: S^T and dP^T take BQ/2 registers each per thread.
   static constexpr int kBlockQ = D <= 32 ? TPF_BWD_BLOCK_Q_SMALL_D : 32;
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
+  static constexpr int kWgmma = D == 32 && kBlockQ == 64 ? TPF_BWD_WGMMA_D32 : 0;
   static constexpr int kMathWarps = 4 * kSlices;
   static constexpr int kMathThreads = 32 * kMathWarps;
   static constexpr int kHelperThreads = 128;  // one warpgroup: 2 dbias warps, 2 dQ warps
