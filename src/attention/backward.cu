@@ -8,11 +8,11 @@
 // rest, so the math warps only wait for tiles and buffers:
 // - two dbias warps sum the quads' dS tiles in quad order onto the block's private fp32 partial
 //   of its slice chunk (the chunks are summed in order later);
-// - two dQ warps, one per stage of sDq, add each step's dQ part to an fp32 buffer, the key tiles
+// - two dQ warps, taking alternate steps, add each step's dQ part to an fp32 buffer, the key tiles
 //   of a (slice group, query tile) one after another in key-tile order, handed on by a
 //   release/acquire turn counter: a fixed order, no float atomics, O(B S H N D) memory.
-// Roles meet at named barriers (BwdBarrier). With sDq double-buffered the math can run two steps
-// ahead of the turn, and the two dQ warps keep two steps' turn chains in flight.
+// Roles meet at named barriers (BwdBarrier). With sDq in kDqStages stages the math can run that
+// many steps ahead of the turn, and the two dQ warps keep two steps' turn chains in flight.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,7 +56,8 @@ struct BwdSmem {
   static constexpr int kOld = BK * kFStride;   // sOld  [BK][BQ+8]       dbias partial so far
                                                //   (a step ahead; two ahead measured no faster)
   static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T, fp32, for dbias
-  static constexpr int kDq = 2 * G * BQ * D;   // sDq   [2][G][BQ][D]    this key tile's dQ part
+  static constexpr int kDq = Cfg::kDqStages * G * BQ * D;  // sDq [stages][G][BQ][D] this key
+                                                          //   tile's dQ part
   static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
   // bias tiles [2] (bias dtype, BiasTile layout)
   static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
@@ -76,8 +77,8 @@ enum BwdBarrier : int {
   kBarTiles = 1,      // the math warps among themselves: a step's tiles landed, the other
                       // stage free for the next step's loads
   kBarDoneB = 2,      // sdSf written (math -> dbias warps)
-  kBarDoneQ = 5,      // + st: sDq[st] written (math -> dQ warp st)
-  kBarDqFree = 7,     // + st: sDq[st] added (dQ warp st -> math)
+  kBarDoneQ = 3,      // + stage: sDq[stage] written (math -> the step's dQ warp; ids 3..5)
+  kBarDqFree = 6,     // + stage: sDq[stage] added (the step's dQ warp -> math; ids 6..8)
   kBarDsFree = 9,     // sdSf read for dbias (dbias warps -> math)
   kBarQuad = 11,      // + quad: a quad's dS^T tile complete (G <= 2: ids 11, 12)
 };
@@ -211,10 +212,10 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
   if (k.is_traced()) phases.print("bwd-dbias", k.kb, half, k.steps);
 }
 
-// The helper's dQ warps: warp w takes the steps gs = w (mod 2), i.e. the dQ parts in sDq[w]: each
-// is added to the fp32 sum of the key tiles before this one (dq_acc) when the key tile's turn
-// comes, and the turn handed on. Two warps keep two steps' turn chains (wait, fetch, add, store,
-// release: latency, not work) in flight.
+// The helper's dQ warps: warp w takes the steps gs = w (mod 2), whose dQ parts are in sDq[gs %
+// kDqStages]: each is added to the fp32 sum of the key tiles before this one (dq_acc) when the key
+// tile's turn comes, and the turn handed on. Two warps keep two steps' turn chains (wait, fetch,
+// add, store, release: latency, not work) in flight.
 template <class T, class BiasT, int D>
 __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int lane, int w) {
   using B = BwdBlock<T, BiasT, D>;
@@ -227,7 +228,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
   constexpr int kDqRows = 128 / (D / 4), kDqIters = G * BQ / kDqRows;
   static_assert(128 % (D / 4) == 0 && BQ % kDqRows == 0, "whole dQ rows per pass");
   const int64_t dq_slice_stride = static_cast<int64_t>(k.H) * k.N * D;  // consecutive slices
-  const float* dq = k.sDq + w * G * BQ * D;
+  constexpr int kStages = BwdConfig<D>::kDqStages;
   struct DqChunk {
     float* g;
     int tile_off, rows_left, members;
@@ -246,7 +247,9 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
   dev::PhaseTimer<2, 4> phases(w, lane);  // DONE_Q wait, turn wait, add, release (timing experiment)
   for (int gs = w; gs < k.steps; gs += 2) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
-    dev::bar_sync(kBarDoneQ + w, B::kWith1);  // sDq[w] holds step gs
+    const int stage = gs % kStages;
+    const float* dq = k.sDq + stage * G * BQ * D;
+    dev::bar_sync(kBarDoneQ + stage, B::kWith1);  // sDq[stage] holds step gs
     phases.mark(0);
     // Wait for the turn: the key tiles before this one have stored theirs.
     if (k.kb > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !(TPF_EXPERIMENT_PHASES && (a.experiment & 4)))
@@ -280,7 +283,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
           *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
         }
     }
-    if (gs + 2 < k.steps) dev::bar_arrive(kBarDqFree + w, B::kWith1);  // sDq[w] read
+    if (gs + kStages < k.steps) dev::bar_arrive(kBarDqFree + stage, B::kWith1);  // sDq[stage] read
     phases.mark(2);
     // Publish the stores: __syncwarp orders the other lanes' stores before lane 0's gpu-scope
     // release, which is cumulative, so no separate fence is needed (a __threadfence there cost
@@ -525,10 +528,12 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     dev::bar_sync(kBarQuad + quad, 128);  // the quad's dS^T tile is complete
     phases.mark(7);
 
-    // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[st]
-    // once the dQ warps have added what it held two steps ago.
-    if (gs >= 2) dev::bar_sync(kBarDqFree + st, B::kWith1);
-    float* tDq = k.sDq + (st * G + quad) * BQ * D;
+    // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[dst]
+    // once the dQ warps have added what it held kDqStages steps ago.
+    constexpr int kDqStages = BwdConfig<D>::kDqStages;
+    const int dst = gs % kDqStages;
+    if (gs >= kDqStages) dev::bar_sync(kBarDqFree + dst, B::kWith1);
+    float* tDq = k.sDq + (dst * G + quad) * BQ * D;
     const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
     if constexpr (kWg == 2) {
       // dQ = dS K: A = dS^T read MN-major, B = K MN-major; 16 queries x D per warp.
@@ -576,7 +581,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       dev::wgmma_fence_operands(dv_flat);
     }
     phases.mark(8);
-    dev::bar_arrive(kBarDoneQ + st, B::kWith1);  // sDq[st] handed over
+    dev::bar_arrive(kBarDoneQ + dst, B::kWith1);  // sDq[dst] handed over
 
     // A group's last step: dK = scale * dS^T Q and dV are complete for this slice.
     const int s = sg * G + quad;

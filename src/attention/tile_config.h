@@ -64,6 +64,15 @@ struct FwdConfig {
 #ifndef TPF_BWD_WGMMA_D32
 #define TPF_BWD_WGMMA_D32 1
 #endif
+// Stages of the dQ part buffer between the math warps and the two dQ warps. A stage is held from
+// the math's hand-over until the dQ warp has waited for its key tile's turn and added it (~10,700
+// cycles at N = 768, D = 32: perf-notes v13); with 2 stages the math waited for a free one (the
+// largest stall of the math warps in Nsight Compute's samples). 3 stages: fwd+bwd 6.82 -> 6.54 ms
+// at N = 768, D = 32, D = 16 and 64 equal or better; D = 128 (one quad, 16 KB a stage) slower
+// at N = 384 (5.13 -> 5.38 ms), so it keeps 2 (v13_iter/ab_rounds_v13b_dq_stages.txt).
+#ifndef TPF_BWD_DQ_STAGES
+#define TPF_BWD_DQ_STAGES 3
+#endif
 template <int D>
 struct BwdConfig {
   static constexpr int kBlockK = 64;
@@ -71,6 +80,8 @@ struct BwdConfig {
   static constexpr int kBlockQ = D <= 32 ? TPF_BWD_BLOCK_Q_SMALL_D : 32;
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
   static constexpr int kWgmma = D == 32 && kBlockQ == 64 ? TPF_BWD_WGMMA_D32 : 0;
+  static constexpr int kDqStages = D == 128 ? 2 : TPF_BWD_DQ_STAGES;
+  static_assert(kDqStages == 2 || kDqStages == 3, "named barrier ids (backward.cu's BwdBarrier)");
   static constexpr int kMathWarps = 4 * kSlices;
   static constexpr int kMathThreads = 32 * kMathWarps;
   static constexpr int kHelperThreads = 128;  // one warpgroup: 2 dbias warps, 2 dQ warps
