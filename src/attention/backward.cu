@@ -73,15 +73,17 @@ struct BwdSmem {
 // Each but the first and last hands a buffer between the math warps (all of them) and the helper
 // warps of one role (both dbias warps; one dQ warp): the side that hands it over arrives (does
 // not wait), the side that takes it syncs.
+constexpr int kMaxDqStages = 3;  // (4 do not fit in shared memory at D = 32 with an fp32 bias)
 enum BwdBarrier : int {
   kBarTiles = 1,      // the math warps among themselves: a step's tiles landed, the other
                       // stage free for the next step's loads
   kBarDoneB = 2,      // sdSf written (math -> dbias warps)
-  kBarDoneQ = 3,      // + stage: sDq[stage] written (math -> the step's dQ warp; ids 3..5)
-  kBarDqFree = 6,     // + stage: sDq[stage] added (the step's dQ warp -> math; ids 6..8)
-  kBarDsFree = 9,     // sdSf read for dbias (dbias warps -> math)
-  kBarQuad = 11,      // + quad: a quad's dS^T tile complete (G <= 2: ids 11, 12)
+  kBarDoneQ = 3,      // + stage: sDq[stage] written (math -> the step's dQ warp)
+  kBarDqFree = kBarDoneQ + kMaxDqStages,   // + stage: sDq[stage] added (dQ warp -> math)
+  kBarDsFree = kBarDqFree + kMaxDqStages,  // sdSf read for dbias (dbias warps -> math)
+  kBarQuad = kBarDsFree + 1,               // + quad: a quad's dS^T tile complete (G <= 2)
 };
+static_assert(kBarQuad + 2 <= 16, "16 named barriers");
 
 // Everything a block's roles share: the problem, its place in it, and the shared tiles.
 template <class T, class BiasT, int D>

@@ -81,7 +81,7 @@ struct BwdConfig {
   static constexpr int kSlices = D <= 32 ? TPF_BWD_SLICES_SMALL_D : (D == 64 ? 2 : 1);
   static constexpr int kWgmma = D == 32 && kBlockQ == 64 ? TPF_BWD_WGMMA_D32 : 0;
   static constexpr int kDqStages = D == 128 ? 2 : TPF_BWD_DQ_STAGES;
-  static_assert(kDqStages == 2 || kDqStages == 3, "named barrier ids (backward.cu's BwdBarrier)");
+  static_assert(kDqStages >= 2 && kDqStages <= 3, "named barrier ids (backward.cu's BwdBarrier)");
   static constexpr int kMathWarps = 4 * kSlices;
   static constexpr int kMathThreads = 32 * kMathWarps;
   static constexpr int kHelperThreads = 128;  // one warpgroup: 2 dbias warps, 2 dQ warps
