@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
 namespace tpf::dev {
 
@@ -96,46 +97,31 @@ struct WgmmaN32RS<__half, kTransB> {
 #undef TPF_WGMMA_M64N32K16_RS
 
 // D (+)= A B, both operands from shared memory, for 64 x N x 16 steps with N = 64 (32
-// accumulators) or 32 (16): the attention backward's S^T, dP^T and dQ at D = 32.
-#define TPF_WGMMA_M64N64K16_SS(TYPE)                                                                       \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                    \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
-               "%32, %33, p, 1, 1, %35, %36;\n}\n"                                  \
+// accumulators) or 32 (16): the attention backward's S^T, dP^T (and dQ, TPF_BWD_WGMMA_D32=2).
+#define TPF_WGMMA_M64N64K16_SS(TYPE) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+               "%32, %33, p, 1, 1, %35, %36;\n}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-#define TPF_WGMMA_M64N32K16_SS(TYPE)                                                                       \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                    \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
-               "%16, %17, p, 1, 1, %19, %20;\n}\n"                                  \
+#define TPF_WGMMA_M64N32K16_SS(TYPE) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " " \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+               "%16, %17, p, 1, 1, %19, %20;\n}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
 
 template <class T, int N, int kTransA, int kTransB>
-struct WgmmaSS;
-template <int kTransA, int kTransB>
-struct WgmmaSS<__nv_bfloat16, 64, kTransA, kTransB> {
-  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    TPF_WGMMA_M64N64K16_SS("bf16");
-  }
-};
-template <int kTransA, int kTransB>
-struct WgmmaSS<__half, 64, kTransA, kTransB> {
-  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    TPF_WGMMA_M64N64K16_SS("f16");
-  }
-};
-template <int kTransA, int kTransB>
-struct WgmmaSS<__nv_bfloat16, 32, kTransA, kTransB> {
-  __device__ __forceinline__ static void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    TPF_WGMMA_M64N32K16_SS("bf16");
-  }
-};
-template <int kTransA, int kTransB>
-struct WgmmaSS<__half, 32, kTransA, kTransB> {
-  __device__ __forceinline__ static void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    TPF_WGMMA_M64N32K16_SS("f16");
+struct WgmmaSS {
+  static_assert(N == 64 || N == 32, "the shapes wrapped here");
+  __device__ __forceinline__ static void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    constexpr bool kHalf = std::is_same_v<T, __half>;
+    if constexpr (N == 64 && kHalf) TPF_WGMMA_M64N64K16_SS("f16");
+    if constexpr (N == 64 && !kHalf) TPF_WGMMA_M64N64K16_SS("bf16");
+    if constexpr (N == 32 && kHalf) TPF_WGMMA_M64N32K16_SS("f16");
+    if constexpr (N == 32 && !kHalf) TPF_WGMMA_M64N32K16_SS("bf16");
   }
 };
 #undef TPF_WGMMA_M64N64K16_SS
