@@ -136,9 +136,11 @@ struct BwdBlock {
   __device__ __forceinline__ int rows_of(int sg, int m) const { return sg * G + m < S ? N : 0; }
   __device__ __forceinline__ T* k_tile(int sg, int m) const { return sK + (((sg - sg_begin) & 1) * G + m) * BK * D; }
   __device__ __forceinline__ T* v_tile(int sg, int m) const { return sV + (((sg - sg_begin) & 1) * G + m) * BK * D; }
-  // The blocks whose phase timers print (timing experiment): the first, a middle and the last key tile.
+  // The blocks whose phase timers print (timing experiment): the first, a middle and the last
+  // key tile.
   __device__ __forceinline__ bool is_traced() const {
-    return blockIdx.y == 0 && blockIdx.z == 0 && (kb == 0 || kb == 6 || kb + 1 == static_cast<int>(gridDim.x));
+    const bool which = kb == 0 || kb == 6 || kb + 1 == static_cast<int>(gridDim.x);
+    return blockIdx.y == 0 && blockIdx.z == 0 && which;
   }
   __device__ __forceinline__ int* turn_of(int sg, int qi) const {
     return a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
