@@ -52,7 +52,8 @@ struct FwdConfig {
 #endif
 // Registers per helper thread when two quads take the rest: 96 is the least at which the helper
 // does not spill (its dQ warps hold 8 chunks of the running sum); the math gets 200 and uses
-// ~192. Helper 72 / 56 (math 216 / 224): 7.62 / 7.97 vs 7.10 ms at D = 32 (perf-notes v12).
+// ~192. Helper 72 / 56 (math 216 / 224): 7.62 / 7.97 vs 7.10 ms at D = 32 (perf-notes v12). The
+// wgmma math at D = 32 fits 184, but helper 128 with 16 chunks a round trip measured equal (v13).
 #ifndef TPF_BWD_HELPER_REGS
 #define TPF_BWD_HELPER_REGS 96
 #endif
@@ -60,7 +61,9 @@ struct FwdConfig {
 // (ldmatrix fragments, every warp reading the whole Q / dO / K tile of its quad), 1 wgmma for
 // S^T, dP^T (m64n64k16, both operands from shared memory) and dV, dK (m64n32k16, P^T and dS^T from
 // registers), 2 also dQ (m64n32k16, dS^T MN-major from shared memory). wgmma reads a shared
-// operand once per warpgroup: ~72 instead of ~208 KB of operand reads per step.
+// operand once per warpgroup: ~72 instead of ~208 KB of operand reads per step. fwd+bwd at
+// N = 768: 7.22 (0), 6.88 (1), 6.91 ms (2); with 3 dQ stages 6.56 (1) vs 6.93 (2) (perf-notes v13).
+// The other head dims keep mma.sync.
 #ifndef TPF_BWD_WGMMA_D32
 #define TPF_BWD_WGMMA_D32 1
 #endif
