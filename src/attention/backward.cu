@@ -393,15 +393,13 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     dev::cp_async_commit();
     phases.mark(2);
 
-    // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row, 8-row groups 512 bytes
-    // apart): K, V, Q, dO K-major for S^T and dP^T (a k16 step is 32 bytes along a row: + 2 in
-    // the descriptor), Q, dO, K MN-major for dV, dK, dQ (a k16 step is 16 rows: + 64); dS^T
-    // MN-major in its 128-byte-swizzled tile (8-row groups 1024 bytes apart, a k16 step + 128).
-    constexpr auto kSw64 = dev::Swizzle::k64B;
-    [[maybe_unused]] const uint64_t descK = dev::wgmma_desc(dev::smem_addr(qK), 16, 512, kSw64);
-    [[maybe_unused]] const uint64_t descV = dev::wgmma_desc(dev::smem_addr(qV), 16, 512, kSw64);
-    [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc(dev::smem_addr(tQ), 16, 512, kSw64);
-    [[maybe_unused]] const uint64_t descO = dev::wgmma_desc(dev::smem_addr(tdO), 16, 512, kSw64);
+    // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row): K, V, Q, dO K-major for
+    // S^T and dP^T (a k16 step: + 2 in the descriptor), Q, dO, K MN-major for dV, dK, dQ (+ 64);
+    // dS^T MN-major in its 128-byte-swizzled tile (8-row groups 1024 bytes apart, a k16 step + 128).
+    [[maybe_unused]] const uint64_t descK = dev::wgmma_desc_rows32(dev::smem_addr(qK));
+    [[maybe_unused]] const uint64_t descV = dev::wgmma_desc_rows32(dev::smem_addr(qV));
+    [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc_rows32(dev::smem_addr(tQ));
+    [[maybe_unused]] const uint64_t descO = dev::wgmma_desc_rows32(dev::smem_addr(tdO));
     [[maybe_unused]] float(&dk_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dk);  // wgmma's view
     [[maybe_unused]] float(&dv_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dv);
 

@@ -147,13 +147,12 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   for (int ks = 0; ks < KS; ++ks)
     k_off[ks] = 2 * dev::tile_offset<D>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1));
   // wgmma operands: Q and K K-major, V MN-major, in 64-byte-swizzled tiles (rows of D = 32
-  // elements: common/swizzle.cuh's pattern is the hardware's); 8-row groups are 512 bytes
-  // apart, a k16 step is 32 bytes along a row (Q, K) or 16 rows (V). One MN block: lbo unused.
+  // elements: common/swizzle.cuh's pattern is the hardware's); a k16 step is 32 bytes along a
+  // row (Q, K) or 16 rows (V).
   const uint32_t sQa = dev::smem_addr(sQ), sKa = dev::smem_addr(sK), sVa = dev::smem_addr(sV);
-  constexpr auto kSw = dev::Swizzle::k64B;
-  auto q_desc = [&](int ks) { return dev::wgmma_desc(sQa + 32 * ks, 16, 512, kSw); };
-  auto k_desc = [&](int st, int ks) { return dev::wgmma_desc(sKa + st * BK * D * 2 + 32 * ks, 16, 512, kSw); };
-  auto v_desc = [&](int st, int kk) { return dev::wgmma_desc(sVa + (st * BK + kk * 16) * D * 2, 16, 512, kSw); };
+  auto q_desc = [&](int ks) { return dev::wgmma_desc_rows32(sQa + 32 * ks); };
+  auto k_desc = [&](int st, int ks) { return dev::wgmma_desc_rows32(sKa + st * BK * D * 2 + 32 * ks); };
+  auto v_desc = [&](int st, int kk) { return dev::wgmma_desc_rows32(sVa + (st * BK + kk * 16) * D * 2); };
 
   const int n_tiles = (N + BK - 1) / BK;
   phases.mark(5);

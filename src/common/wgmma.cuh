@@ -27,6 +27,14 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
          (static_cast<uint64_t>(sbo >> 4) << 32) | (static_cast<uint64_t>(mode) << 62);
 }
 
+// Descriptor of a tile with rows of 32 16-bit elements (64 bytes) in the 64-byte swizzle
+// (common/swizzle.cuh's tile_at<32>), starting on its 512-byte period: 8-row groups are 512 bytes
+// apart; as one MN block when MN-major (N = 32), lbo unused. A k16 step adds 32 bytes along a row
+// (K-major: + 2 to the descriptor) or 16 rows (MN-major: + 64).
+__device__ __forceinline__ uint64_t wgmma_desc_rows32(uint32_t addr) {
+  return wgmma_desc(addr, 16, 512, Swizzle::k64B);
+}
+
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
