@@ -47,9 +47,7 @@ struct TileCopier {
     }
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const bool valid = row + it * kRowStep < n_rows;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + it * kRowStep * D * 2),
-                   "l"(src + it * kRowStep * stride), "r"(valid ? 16 : 0));
+      dev::cp_async_16(base + it * kRowStep * D * 2, src + it * kRowStep * stride, row + it * kRowStep < n_rows);
     }
   }
 };
@@ -106,9 +104,8 @@ struct BiasCopier {
       const int bytes = min(16, max(0, (n - k) * kEsize));  // of this column chunk, in range
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
-        const int valid = q + it * kRowStep < n ? bytes : 0;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + it * kRowStep * Tile::kRowBytes),
-                     "l"(src + it * kRowStep * sq), "r"(valid));
+        dev::cp_async_16_part(base + it * kRowStep * Tile::kRowBytes, src + it * kRowStep * sq,
+                              q + it * kRowStep < n ? bytes : 0);
       }
     } else {
       for (int i = tid; i < ROWS * COLS; i += THREADS) {

@@ -15,15 +15,17 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte global->shared copy; `valid == false` writes zeros (out-of-range rows).
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(src_bytes));
+// 16-byte global->shared copy of which the first `src_bytes` (0..16) are read and the rest
+// written as zeros (tile edges), to a shared-window address (precomputed by the caller).
+__device__ __forceinline__ void cp_async_16_part(uint32_t smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
-// The same with the destination as a shared-window address (precomputed by the caller).
+// The same, whole or nothing: `valid == false` writes zeros (out-of-range rows).
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
+  cp_async_16_part(smem, gmem, valid ? 16 : 0);
+}
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  cp_async_16(smem_addr(smem), gmem, valid);
 }
 // The same, always all 16 bytes.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem) {
