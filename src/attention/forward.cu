@@ -19,23 +19,36 @@ namespace {
 template <class BiasT, int D>
 using FwdBias = BiasTile<BiasT, FwdConfig<D>::kBlockQ, FwdConfig<D>::kBlockK>;
 
+// The key mask of a tile, 0 or -inf per key as fp32: the initial value of the score
+// accumulators, to which QK^T is added (exact, and no instruction per score: an m16n8k8 MMA per
+// n-tile added it before). Stored in the order a lane reads it: the lanes with t = lane % 4 hold
+// keys 8 nt + 2 t, +1 of every n-tile nt, which are the float pairs [kRow t + 2 nt]; rows are
+// padded by a pair so that the four t fall in different banks.
+template <int D>
+struct FwdMask {
+  static constexpr int kTiles = FwdConfig<D>::kBlockK / 8;
+  static constexpr int kRow = 2 * kTiles + 2;
+  static constexpr int kFloats = 4 * kRow;
+  __device__ __forceinline__ static int slot(int key) { return (key % 8 / 2) * kRow + key / 8 * 2 + key % 2; }
+};
+
 // QK^T and PV by wgmma (m64n128k16 from shared memory, m64n32k16 with P from registers):
 // K and V are read once per warpgroup instead of once per warp by ldmatrix (a third of the
 // tile's shared-memory traffic each), and 128 ldmatrix + HMMA issue slots per warp and tile
-// go. The shapes the wrappers in common/wgmma.cuh cover: D = 32 with 128-key tiles.
+// go. The shapes the wrappers in common/wgmma.cuh cover: D = 32 with 128- or 64-key tiles.
 template <int D>
 constexpr bool fwd_wgmma() {
-  return D == 32 && FwdConfig<D>::kBlockK == 128;
+  return D == 32 && (FwdConfig<D>::kBlockK == 128 || FwdConfig<D>::kBlockK == 64);
 }
 
 template <class BiasT, int D>
 constexpr size_t fwd_smem_bytes() {
   using Cfg = FwdConfig<D>;
-  // sQ [BQ][D] + sK, sV [stages][BK][D] + key mask [stages][BK][8] (16-bit) + bias tiles
+  // sQ [BQ][D] + sK, sV [stages][BK][D] + key mask [stages][MaskTile] (fp32) + bias tiles
   // [stages][BQ][BK] (bias dtype, padded rows); with wgmma, room to start the tiles on the
   // 64-byte swizzle's 512-byte period.
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
-         Cfg::kStages * Cfg::kBlockK * 16 + Cfg::kStages * FwdBias<BiasT, D>::kBytes + (fwd_wgmma<D>() ? 512 : 0);
+         Cfg::kStages * FwdMask<D>::kFloats * 4 + Cfg::kStages * FwdBias<BiasT, D>::kBytes + (fwd_wgmma<D>() ? 512 : 0);
 }
 
 // Launch-bounds hint: the configured one, else 0 (the compiler's choice, which stays within the
@@ -65,11 +78,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
-  // Key mask as the B operand of one m16n8k8 MMA per n-tile: row k = (0 or -inf, 0, ..., 0).
-  // With A = a column of ones it adds 0 or -inf to the scores of key k, exactly and with no
-  // per-score instruction (an FADD per score before).
-  T* sMask = sV + Cfg::kStages * BK * D;                                   // [stages][BK][8]
-  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * BK * 8);  // [stages] bias tiles
+  using Mask = FwdMask<D>;
+  float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);              // [stages][Mask]
+  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * Mask::kFloats);  // [stages] bias tiles
 
   const int N = a.dims.N;
   // Query tiles vary fastest: the blocks in flight share few slices, whose K/V stay in L2.
@@ -108,12 +119,11 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     mask_ptr += mask_step;
     return v;
   };
-  auto mask_add = [](int byte) {  // the key's B row: its first element 0 or -inf
-    return make_uint4(byte ? 0u : uint32_t{dev::MmaOp<T>::kNegInfBits}, 0u, 0u, 0u);
-  };
+  float* const mask_dst = sMask + Mask::slot(tid);  // this thread's key in stage 0
+  auto mask_value = [](int byte) { return byte ? 0.f : -INFINITY; };
   int mask_ahead = 0;
   if (mask_thread) {
-    reinterpret_cast<uint4*>(sMask)[tid] = mask_add(mask_byte());
+    *mask_dst = mask_value(mask_byte());
     mask_ahead = mask_byte();
   }
 
@@ -132,7 +142,6 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   // of the n-tile is 1, the rest 0), so lsum[0] / lsum[2] of lane t = 0 hold rows g / g + 8.
   float lsum[4] = {};
   const uint32_t ones = g == 0 ? dev::MmaOp<T>::pack(1.f, 1.f) : 0u;
-  const uint32_t ones_k8 = t == 0 ? dev::MmaOp<T>::pack(1.f, 0.f) : 0u;  // A: column 0 = 1
   float m[2] = {-INFINITY, -INFINITY};              // running row max, in score units
   uint32_t unscale[2] = {};                         // B: 1/scale times a doubled identity
   if constexpr (kBiasMma) dev::scaled_identity_b<T>(unscale, 1.f / a.scale, lane);
@@ -163,43 +172,42 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   static_assert(!kWgmma || Cfg::kStages == 2, "the previous tile's stage is stage ^ 1");
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
-    // One barrier per tile: after it every warp has finished tile j - 1, so its stage can take
-    // tile j + 1 (loads and mask), which then has all of tile j's math to land. wgmma: this
-    // tile reads V of tile j - 1 (PV a tile late), so V of tile j goes into stage j, whose
-    // previous tile's PV every warp waited for in tile j - 1. (Loading it as soon as this warp
-    // had waited for that PV raced with the other warps' parts of it: O off by 2x the bf16
-    // floor in bench/results/h200/v11_iter/attention_accuracy_race.md.)
+    // One barrier per tile: after it every warp has finished tile j - 1 (see the loads below).
     dev::cp_async_wait<0>();
     if constexpr (kWgmma) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
     __syncthreads();
-    if (j + 1 < n_tiles) {
-      load_k(j + 1, (j + 1) % Cfg::kStages);
-      if constexpr (!kWgmma) load_v(j + 1, (j + 1) % Cfg::kStages);
-      load_bias(j + 1, (j + 1) % Cfg::kStages);
-    }
-    if constexpr (kWgmma) load_v(j, stage);
-    dev::cp_async_commit();
-    if (mask_thread) {
-      reinterpret_cast<uint4*>(sMask)[((j + 1) % Cfg::kStages) * BK + tid] = mask_add(mask_ahead);
-      mask_ahead = mask_byte();
-    }
     if (!kWgmma && j == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
         dev::ldmatrix_x4(qa[ks], tile_at<D>(sQ, warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                             ks * 2 + (lane >> 4)));
     }
-    phases.mark(0);
     const uint32_t tK = dev::smem_addr(sK + stage * BK * D);
     const T* tV = sV + stage * BK * D;
     const uint8_t* tBias = sBias + stage * Bias::kBytes;
 
-    float sc[NT][4];  // S tile, 16 rows x BK keys per warp (wgmma: the warpgroup's 64 rows)
+    // S tile, 16 rows x BK keys per warp (wgmma: the warpgroup's 64 rows), starting from the
+    // key mask: s = QK^T + mask.
+    float sc[NT][4];
+    {
+      const float2* mask_pairs = reinterpret_cast<const float2*>(sMask + stage * Mask::kFloats + t * Mask::kRow);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 mk = mask_pairs[nt];
+        sc[nt][0] = sc[nt][2] = mk.x;
+        sc[nt][1] = sc[nt][3] = mk.y;
+      }
+    }
+    // The tensor cores start on QK^T (wgmma: and the previous tile's PV) before this tile's
+    // loads are issued, so that the loads' issue slots cover the product's latency.
     if constexpr (kWgmma) {
-      float(&s64)[64] = reinterpret_cast<float(&)[64]>(sc);
+      float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(sc);
       dev::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) dev::Wgmma<T, 0, 0>::run(s64, q_desc(ks), k_desc(stage, ks), ks > 0);
+      for (int ks = 0; ks < KS; ++ks) {
+        if constexpr (BK == 128) dev::Wgmma<T, 0, 0>::run(s_flat, q_desc(ks), k_desc(stage, ks), 1);
+        else dev::WgmmaSS<T, BK, 0, 0>::run(s_flat, q_desc(ks), k_desc(stage, ks), 1);
+      }
       dev::wgmma_commit();
       if (j > 0) {
 #pragma unroll
@@ -207,13 +215,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
           dev::WgmmaN32RS<T, 1>::run(o_flat, pa_prev[kk], v_desc(stage ^ 1, kk), 1);
       }
       dev::wgmma_commit();
-      dev::wgmma_wait<1>();  // QK^T done; the previous tile's PV may still run
-      dev::wgmma_fence_operands(s64);
     } else {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[nt][e] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
@@ -223,15 +225,27 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
           dev::mma_n16<T>(sc[2 * np], sc[2 * np + 1], qa[ks], kb);
         }
     }
-
-    // + 0 / -inf per key: ones (A: column 0 of rows g, g + 8, held by lanes t = 0) times the
-    // mask rows, four n-tiles per ldmatrix.
-#pragma unroll
-    for (int n4 = 0; n4 < NT / 4; ++n4) {
-      uint32_t mb[4];
-      dev::ldmatrix_x4(mb, sMask + (stage * BK + n4 * 32 + lane) * 8);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) Mma::run_k8(sc[4 * n4 + i], ones_k8, ones_k8, mb[i]);
+    // After the barrier every warp has finished tile j - 1, so its stage can take tile j + 1
+    // (loads and mask), which then has all of tile j's math to land. wgmma: this
+    // tile reads V of tile j - 1 (PV a tile late), so V of tile j goes into stage j, whose
+    // previous tile's PV every warp waited for in tile j - 1. (Loading it as soon as this warp
+    // had waited for that PV raced with the other warps' parts of it: O off by 2x the bf16
+    // floor in bench/results/h200/v11_iter/attention_accuracy_race.md.)
+    if (j + 1 < n_tiles) {
+      load_k(j + 1, (j + 1) % Cfg::kStages);
+      if constexpr (!kWgmma) load_v(j + 1, (j + 1) % Cfg::kStages);
+      load_bias(j + 1, (j + 1) % Cfg::kStages);
+    }
+    if constexpr (kWgmma) load_v(j, stage);
+    dev::cp_async_commit();
+    if (mask_thread) {
+      mask_dst[((j + 1) % Cfg::kStages) * Mask::kFloats] = mask_value(mask_ahead);
+      mask_ahead = mask_byte();
+    }
+    phases.mark(0);
+    if constexpr (kWgmma) {
+      dev::wgmma_wait<1>();  // QK^T done; the previous tile's PV may still run
+      dev::wgmma_fence_operands(reinterpret_cast<float(&)[NT * 4]>(sc));
     }
 
     // + bias: 16-bit, s = QK^T + mask + bias / scale (A: the warp's 16 rows x 8 keys of the
@@ -281,7 +295,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     if constexpr (kWgmma) {
       // The exponentials first (pinned by the register fence: the compiler may otherwise move
       // them past the wait), then the previous tile's PV, before O is rescaled.
-      dev::wgmma_fence_operands(reinterpret_cast<float(&)[64]>(sc));
+      dev::wgmma_fence_operands(reinterpret_cast<float(&)[NT * 4]>(sc));
       dev::wgmma_wait<0>();
       dev::wgmma_fence_operands(o_flat);
     }
