@@ -4,9 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "common/kernel_attrs.h"
 #include "common/phase_timer.cuh"
+#include "common/tma.cuh"
+#include "common/tma.h"
 #include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
@@ -41,28 +46,43 @@ constexpr bool fwd_wgmma() {
   return D == 32 && (FwdConfig<D>::kBlockK == 128 || FwdConfig<D>::kBlockK == 64);
 }
 
+// TMA tile loads (wgmma shapes with a 16-bit bias, whose strides the hardware accepts: the
+// launch checks): one thread issues the tile copies of a key tile, which complete on an
+// mbarrier, instead of every thread issuing cp.async chunks with their address arithmetic
+// (~150 of ~730 instructions per warp and tile, perf-notes v14). Q, K, V: 64-byte swizzle,
+// the layout the wgmma descriptors read; bias: 128-byte swizzle in 64-key parts (BiasSwz128).
+struct FwdMaps {  // CUtensorMap is 64-byte aligned itself
+  CUtensorMap q, k, v, bias;
+};
 template <class BiasT, int D>
+constexpr bool fwd_tma_able() {
+  return fwd_wgmma<D>() && sizeof(BiasT) == 2;
+}
+
+template <class BiasT, int D, bool kTma>
 constexpr size_t fwd_smem_bytes() {
   using Cfg = FwdConfig<D>;
-  // sQ [BQ][D] + sK, sV [stages][BK][D] + key mask [stages][MaskTile] (fp32) + bias tiles
-  // [stages][BQ][BK] (bias dtype, padded rows); with wgmma, room to start the tiles on the
-  // 64-byte swizzle's 512-byte period.
-  return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 +
-         Cfg::kStages * FwdMask<D>::kFloats * 4 + Cfg::kStages * FwdBias<BiasT, D>::kBytes + (fwd_wgmma<D>() ? 512 : 0);
+  // sQ [BQ][D] + sK, sV [stages][BK][D] + bias tiles [stages][BQ][BK] (bias dtype: padded rows,
+  // or BiasSwz128 with TMA) + key mask [stages][FwdMask] (fp32) + TMA: 2 mbarriers; with wgmma,
+  // room to start the tiles on the 64-byte swizzle's 512-byte period (TMA: the 128-byte
+  // swizzle's 1024).
+  constexpr size_t bias = kTma ? BiasSwz128<Cfg::kBlockQ, Cfg::kBlockK>::kBytes : FwdBias<BiasT, D>::kBytes;
+  return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 + Cfg::kStages * bias +
+         Cfg::kStages * FwdMask<D>::kFloats * 4 + (kTma ? 16 + 1024 : fwd_wgmma<D>() ? 512 : 0);
 }
 
 // Launch-bounds hint: the configured one, else 0 (the compiler's choice, which stays within the
 // 168 registers of 3 blocks/SM at D = 32 and 64) where shared memory allows 3 blocks, else the
 // blocks it allows (fp32 bias tiles: 2, so up to 255 registers instead of spills at 168).
-template <class BiasT, int D>
+template <class BiasT, int D, bool kTma>
 constexpr int fwd_min_blocks() {
-  constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D>());
+  constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D, kTma>());
   return FwdConfig<D>::kMinBlocks != 0 ? FwdConfig<D>::kMinBlocks : (by_smem >= 3 ? 0 : by_smem);
 }
 
-template <class T, class BiasT, int D>
-__global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT, D>()))
-    forward_kernel(const FwdArgs a) {
+template <class T, class BiasT, int D, bool kTma>
+__global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT, D, kTma>()))
+    forward_kernel(const FwdArgs a, const __grid_constant__ FwdMaps maps) {
   using Cfg = FwdConfig<D>;
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -74,13 +94,21 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   constexpr bool kBiasMma = sizeof(BiasT) == 2;
   constexpr bool kWgmma = fwd_wgmma<D>();
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  uint8_t* smem = kWgmma ? smem_raw + ((512 - (dev::smem_addr(smem_raw) & 511)) & 511) : smem_raw;
+  constexpr uint32_t kAlign = kTma ? 1024 : kWgmma ? 512 : 1;
+  uint8_t* smem = smem_raw + ((kAlign - (dev::smem_addr(smem_raw) & (kAlign - 1))) & (kAlign - 1));
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
   using Mask = FwdMask<D>;
-  float* sMask = reinterpret_cast<float*>(sV + Cfg::kStages * BK * D);              // [stages][Mask]
-  uint8_t* sBias = reinterpret_cast<uint8_t*>(sMask + Cfg::kStages * Mask::kFloats);  // [stages] bias tiles
+  using BiasTma = BiasSwz128<BQ, BK>;
+  constexpr int kBiasBytes = kTma ? BiasTma::kBytes : Bias::kBytes;               // a stage
+  uint8_t* sBias = reinterpret_cast<uint8_t*>(sV + Cfg::kStages * BK * D);         // [stages] bias tiles
+  float* sMask = reinterpret_cast<float*>(sBias + Cfg::kStages * kBiasBytes);      // [stages][Mask]
+  // TMA: the copies issued at the top of tile j - 1 (K, bias of tile j, V of tile j - 1; the
+  // prologue: Q, K and bias of tile 0) complete on bar[j % 2], phase parity (j / 2) % 2.
+  const uint32_t bar0 = dev::smem_addr(sMask + Cfg::kStages * Mask::kFloats);     // 2 x 8 bytes
+  auto bar = [&](int batch) { return bar0 + 8 * (batch & 1); };
+  auto bar_parity = [](int batch) { return static_cast<uint32_t>(batch >> 1) & 1u; };
 
   const int N = a.dims.N;
   // Query tiles vary fastest: the blocks in flight share few slices, whose K/V stay in L2.
@@ -103,6 +131,26 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   auto load_v = [&](int tile, int stage) { kv_copier.copy<true>(sV + stage * BK * D, gV, a.v.sn, tile * BK, N); };
   auto load_bias = [&](int tile, int stage) {
     bias_copier.copy<true>(sBias + stage * Bias::kBytes, a.bias, gBias, q0, tile * BK, N, tid);
+  };
+  const int n_tiles = (N + BK - 1) / BK;
+  // TMA, thread 0: the copies tile `batch` waits for (see bar); the coordinates are innermost
+  // first: (d, row, h, s, b) and (key, query, h, b).
+  auto issue_batch = [&](int batch) {
+    constexpr uint32_t kKV = BK * D * 2, kBias = BiasTma::kBytes, kQ = BQ * D * 2;
+    const uint32_t bytes = (batch < n_tiles ? kKV + kBias : 0) + (batch > 0 ? kKV : 0) + (batch == 0 ? kQ : 0);
+    dev::mbar_arrive_expect_tx(bar(batch), bytes);
+    if (batch == 0) dev::tma_load_5d(dev::smem_addr(sQ), &maps.q, bar(0), 0, q0, h, s, b);
+    if (batch < n_tiles) {
+      const int st = batch % Cfg::kStages;
+      dev::tma_load_5d(dev::smem_addr(sK + st * BK * D), &maps.k, bar(batch), 0, batch * BK, h, s, b);
+#pragma unroll
+      for (int part = 0; part < BK / 64; ++part)
+        dev::tma_load_4d(dev::smem_addr(sBias + st * kBiasBytes + part * BiasTma::kPartBytes), &maps.bias,
+                         bar(batch), batch * BK + part * 64, q0, h, b);
+    }
+    if (batch > 0)
+      dev::tma_load_5d(dev::smem_addr(sV + ((batch - 1) % Cfg::kStages) * BK * D), &maps.v, bar(batch), 0,
+                       (batch - 1) * BK, h, s, b);
   };
   // Key mask of the tiles in order for thread tid < BK: the raw byte (0 = masked; keys past N
   // read as 0), loaded two tiles ahead into a register and turned into 0 / -inf only when stored
@@ -127,13 +175,23 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     mask_ahead = mask_byte();
   }
 
-  // One cp.async group per tile. wgmma reads V a tile later (see the loop), so its V tiles are
-  // loaded a tile later too.
-  TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
-  load_k(0, 0);
-  if constexpr (!kWgmma) load_v(0, 0);
-  load_bias(0, 0);
-  dev::cp_async_commit();
+  // One cp.async group per tile (TMA: one mbarrier phase). wgmma reads V a tile later (see the
+  // loop), so its V tiles are loaded a tile later too.
+  if constexpr (kTma) {
+    if (tid == 0) {
+      dev::mbar_init(bar(0), 1);
+      dev::mbar_init(bar(1), 1);
+      dev::mbar_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0) issue_batch(0);
+  } else {
+    TileCopier<D, BQ, Cfg::kThreads>(tid).copy(sQ, gQ, a.q.sn, q0, N);
+    load_k(0, 0);
+    if constexpr (!kWgmma) load_v(0, 0);
+    load_bias(0, 0);
+    dev::cp_async_commit();
+  }
 
   // Rows this thread holds in every accumulator: r = 0 -> warp row g, r = 1 -> g + 8.
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -163,7 +221,6 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   auto k_desc = [&](int st, int ks) { return dev::wgmma_desc_rows32(sKa + st * BK * D * 2 + 32 * ks); };
   auto v_desc = [&](int st, int kk) { return dev::wgmma_desc_rows32(sVa + (st * BK + kk * 16) * D * 2); };
 
-  const int n_tiles = (N + BK - 1) / BK;
   phases.mark(5);
   // wgmma: P of the previous tile, packed; its PV runs on the tensor cores during this tile's
   // bias, mask and softmax work (issued with this tile's QK^T, waited for before the rescale).
@@ -173,8 +230,12 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
     // One barrier per tile: after it every warp has finished tile j - 1 (see the loads below).
-    dev::cp_async_wait<0>();
-    if constexpr (kWgmma) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    if constexpr (kTma) {
+      dev::mbar_wait(bar(j), bar_parity(j));
+    } else {
+      dev::cp_async_wait<0>();
+      if constexpr (kWgmma) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    }
     __syncthreads();
     if (!kWgmma && j == 0) {
 #pragma unroll
@@ -184,7 +245,7 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     }
     const uint32_t tK = dev::smem_addr(sK + stage * BK * D);
     const T* tV = sV + stage * BK * D;
-    const uint8_t* tBias = sBias + stage * Bias::kBytes;
+    const uint8_t* tBias = sBias + stage * kBiasBytes;
 
     // S tile, 16 rows x BK keys per warp (wgmma: the warpgroup's 64 rows), starting from the
     // key mask: s = QK^T + mask.
@@ -231,13 +292,17 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     // previous tile's PV every warp waited for in tile j - 1. (Loading it as soon as this warp
     // had waited for that PV raced with the other warps' parts of it: O off by 2x the bf16
     // floor in bench/results/h200/v11_iter/attention_accuracy_race.md.)
-    if (j + 1 < n_tiles) {
-      load_k(j + 1, (j + 1) % Cfg::kStages);
-      if constexpr (!kWgmma) load_v(j + 1, (j + 1) % Cfg::kStages);
-      load_bias(j + 1, (j + 1) % Cfg::kStages);
+    if constexpr (kTma) {
+      if (tid == 0) issue_batch(j + 1);
+    } else {
+      if (j + 1 < n_tiles) {
+        load_k(j + 1, (j + 1) % Cfg::kStages);
+        if constexpr (!kWgmma) load_v(j + 1, (j + 1) % Cfg::kStages);
+        load_bias(j + 1, (j + 1) % Cfg::kStages);
+      }
+      if constexpr (kWgmma) load_v(j, stage);
+      dev::cp_async_commit();
     }
-    if constexpr (kWgmma) load_v(j, stage);
-    dev::cp_async_commit();
     if (mask_thread) {
       mask_dst[((j + 1) % Cfg::kStages) * Mask::kFloats] = mask_value(mask_ahead);
       mask_ahead = mask_byte();
@@ -250,7 +315,16 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 
     // + bias: 16-bit, s = QK^T + mask + bias / scale (A: the warp's 16 rows x 8 keys of the
     // bias tile, twice along k); fp32, s = scale (QK^T + mask) + bias.
-    if constexpr (kBiasMma) {
+    if constexpr (kBiasMma && kTma) {
+      const uint32_t bias_addr = dev::smem_addr(tBias) + BiasTma::row_offset(warp * 16, lane);
+      const uint32_t xor_bytes = (lane & 7) * 16;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t ba[4];
+        dev::ldmatrix_x4(ba, bias_addr + BiasTma::chunk_offset(nt, xor_bytes));
+        Mma::run(sc[nt], ba, unscale[0], unscale[1]);
+      }
+    } else if constexpr (kBiasMma) {
       using BiasA = BiasDupA<BiasT, BQ, BK>;
       const uint32_t bias_addr = dev::smem_addr(tBias) + BiasA::offset(warp * 16, lane);
 #pragma unroll
@@ -332,9 +406,13 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     phases.mark(4);
   }
   if constexpr (kWgmma) {  // the last tile's PV
-    dev::cp_async_wait<0>();
-    dev::fence_proxy_async();
-    __syncthreads();
+    if constexpr (kTma) {
+      dev::mbar_wait(bar(n_tiles), bar_parity(n_tiles));
+    } else {
+      dev::cp_async_wait<0>();
+      dev::fence_proxy_async();
+      __syncthreads();
+    }
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
@@ -376,16 +454,62 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     phases.print("forward", blockIdx.x + 100 * blockIdx.y, warp, n_tiles);
 }
 
+// The TMA maps of a call, or false where a tensor's strides or alignment rule TMA out (the
+// kernel then loads with cp.async) or TPF_ATTN_TMA=0 asks for cp.async (A/B runs and tests of
+// that path).
+template <class T, int D>
+bool encode_fwd_maps(const FwdArgs& a, FwdMaps* maps) {
+  using Cfg = FwdConfig<D>;
+  if (const char* env = std::getenv("TPF_ATTN_TMA"); env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (!a.bias.vec16 || a.bias.sk != 1) return false;
+  constexpr bool kFp16 = std::is_same_v<T, __half>;
+  const Dims& d = a.dims;
+  // A dimension of size 1 is never stepped: any valid stride will do for it.
+  auto stride = [](uint64_t dim, int64_t elems) { return dim == 1 ? uint64_t{16} : static_cast<uint64_t>(elems) * 2; };
+  auto slice_map = [&](CUtensorMap* map, const Bshnd& x, int rows) {
+    tpf::detail::TmaTile t;
+    t.rank = 5;
+    const uint64_t dims[5] = {D, uint64_t(d.N), uint64_t(d.H), uint64_t(d.S), uint64_t(d.B)};
+    const int64_t strides[4] = {x.sn, x.sh, x.ss, x.sb};
+    for (int i = 0; i < 5; ++i) t.dims[i] = dims[i];
+    for (int i = 0; i < 4; ++i) t.strides[i] = stride(dims[i + 1], strides[i]);
+    t.box[0] = D;
+    t.box[1] = rows;
+    t.box[2] = t.box[3] = t.box[4] = 1;
+    return tpf::detail::encode_tma_16bit(map, x.ptr, kFp16, t, CU_TENSOR_MAP_SWIZZLE_64B);
+  };
+  tpf::detail::TmaTile bias;
+  bias.rank = 4;
+  const uint64_t bdims[4] = {uint64_t(d.N), uint64_t(d.N), uint64_t(d.H), uint64_t(d.B)};
+  const int64_t bstrides[3] = {a.bias.sq, a.bias.sh, a.bias.sb};
+  for (int i = 0; i < 4; ++i) bias.dims[i] = bdims[i];
+  for (int i = 0; i < 3; ++i) bias.strides[i] = stride(bdims[i + 1], bstrides[i]);
+  bias.box[0] = 64;
+  bias.box[1] = Cfg::kBlockQ;
+  bias.box[2] = bias.box[3] = 1;
+  return slice_map(&maps->q, a.q, Cfg::kBlockQ) && slice_map(&maps->k, a.k, Cfg::kBlockK) &&
+         slice_map(&maps->v, a.v, Cfg::kBlockK) &&
+         tpf::detail::encode_tma_16bit(&maps->bias, a.bias.ptr, kFp16, bias, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 template <class T, class BiasT, int D>
 struct LaunchForward {
-  static cudaError_t run(const FwdArgs& a, cudaStream_t stream) {
+  template <bool kTma>
+  static cudaError_t launch(const FwdArgs& a, const FwdMaps& maps, cudaStream_t stream) {
     using Cfg = FwdConfig<D>;
-    constexpr size_t smem = fwd_smem_bytes<BiasT, D>();
-    auto kernel = forward_kernel<T, BiasT, D>;
+    constexpr size_t smem = fwd_smem_bytes<BiasT, D, kTma>();
+    auto kernel = forward_kernel<T, BiasT, D, kTma>;
     if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;
     const dim3 grid((a.dims.N + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.dims.S, a.dims.B * a.dims.H);
-    kernel<<<grid, Cfg::kThreads, smem, stream>>>(a);
+    kernel<<<grid, Cfg::kThreads, smem, stream>>>(a, maps);
     return cudaGetLastError();
+  }
+  static cudaError_t run(const FwdArgs& a, cudaStream_t stream) {
+    FwdMaps maps{};  // unused by the cp.async kernels
+    if constexpr (fwd_tma_able<BiasT, D>()) {
+      if (encode_fwd_maps<T, D>(a, &maps)) return launch<true>(a, maps, stream);
+    }
+    return launch<false>(a, maps, stream);
   }
 };
 

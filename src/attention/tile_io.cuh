@@ -153,6 +153,25 @@ struct BiasDupA {
   __device__ __forceinline__ static void load(uint32_t (&a)[4], uint32_t addr) { dev::ldmatrix_x4(a, addr); }
 };
 
+// A 16-bit bias tile as TMA writes it with the 128-byte swizzle: COLS / 64 parts of 64 keys,
+// each [ROWS][128 bytes] with 16-byte chunk c of row r at chunk c ^ (r % 8) (the pattern's
+// 1024-byte period: parts start on it), so rows need no padding against bank conflicts. Its
+// 16 x 8 blocks load as BiasDupA's: the lane's row as there, the chunk XORed with row % 8, which
+// is lane % 8 for blocks starting on a multiple of 8 rows.
+template <int ROWS, int COLS>
+struct BiasSwz128 {
+  static constexpr int kPartBytes = ROWS * 128;
+  static constexpr int kBytes = COLS / 64 * kPartBytes;
+  static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "whole 64-key parts of whole swizzle periods");
+  __device__ __forceinline__ static uint32_t row_offset(int row0, int lane) {
+    return (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * 128;
+  }
+  // Keys 8 nt .. 8 nt + 7 of the lane's row, for xor = (lane % 8) * 16.
+  __device__ __forceinline__ static uint32_t chunk_offset(int nt, uint32_t xor_bytes) {
+    return (nt / 8) * kPartBytes + (((nt % 8) * 16) ^ xor_bytes);
+  }
+};
+
 // 16-bit bias pairs of S^T (rows keys, columns queries: the tile read transposed) for two
 // n8 tiles of an MMA C fragment, in one ldmatrix.x4.trans instead of eight 2-byte loads:
 // b[0], b[1]: rows g, g + 8 of the first n8 tile, b[2], b[3]: of the second. The padded tile rows

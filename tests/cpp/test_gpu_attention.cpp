@@ -2,6 +2,8 @@
 // reason, on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "testing/gpu_attention.h"
 #include "testing/tolerances.h"
 
@@ -18,6 +20,7 @@ struct GpuCase {
   Layout layout;
   bool compensate = true;
   int repeats = 1;
+  bool no_tma = false;  // TPF_ATTN_TMA=0: the forward's cp.async loads where TMA would apply
 };
 
 std::string case_name(const GpuCase& c) {
@@ -27,6 +30,7 @@ std::string case_name(const GpuCase& c) {
   n += c.mask == MaskMode::kNone ? "_nomask" : c.mask == MaskMode::kRandom ? "_mask" : "_rowsmasked";
   n += c.layout == Layout::kContiguous ? "_contig" : "_strided";
   if (!c.compensate) n += "_nocomp";
+  if (c.no_tma) n += "_cpasync";
   return n;
 }
 
@@ -63,7 +67,9 @@ TEST_P(GpuAttention, MatchesFp64Reference) {
   harness::GpuRunOptions opt;
   opt.compensate = c.compensate;
   opt.repeats = c.repeats;
+  if (c.no_tma) setenv("TPF_ATTN_TMA", "0", 1);
   const auto run = harness::run_attention_gpu(p, opt);
+  if (c.no_tma) unsetenv("TPF_ATTN_TMA");
   ASSERT_TRUE(run.status.ok()) << run.status.message();
   EXPECT_TRUE(run.deterministic) << "outputs or gradients differ between repeated calls";
   const auto err = harness::attention_errors(p, ref, true);
@@ -105,6 +111,13 @@ std::vector<GpuCase> cases() {
   v.push_back({4, 96, 32, DType::kFP16, DType::kFP16, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 64, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kOpenFold3Strided});
   v.push_back({3, 130, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, false});
+  // The D = 32 forward loads by TMA where a 16-bit bias's rows are 16-byte aligned (N a multiple
+  // of 8; the sweep's D = 32 cases have an fp32 bias or odd N): boxes past N (N = 8), strided
+  // views, masked rows, and the same shape through cp.async.
+  v.push_back({3, 8, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous});
+  v.push_back({3, 64, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kOpenFold3Strided});
+  v.push_back({2, 200, 32, DType::kFP16, DType::kFP16, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
+  v.push_back({4, 96, 32, DType::kFP16, DType::kFP16, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
   // Enough blocks to fill the GPU, three calls each way (forward outputs compared bytewise
   // too). It did not reproduce the V-stage race of 4f9bee4's D = 32 wgmma forward in two runs:
   // that race showed only as O at 2-2.8x the bf16 floor in the accuracy table
