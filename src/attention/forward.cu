@@ -4,17 +4,15 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "common/kernel_attrs.h"
 #include "common/phase_timer.cuh"
 #include "common/tma.cuh"
-#include "common/tma.h"
 #include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
+#include "attention/tma_maps.h"
 #include "attention/tile_config.h"
 #include "attention/tile_io.cuh"
 
@@ -454,42 +452,15 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
     phases.print("forward", blockIdx.x + 100 * blockIdx.y, warp, n_tiles);
 }
 
-// The TMA maps of a call, or false where a tensor's strides or alignment rule TMA out (the
-// kernel then loads with cp.async) or TPF_ATTN_TMA=0 asks for cp.async (A/B runs and tests of
-// that path).
+// The TMA maps of a call (attention/tma_maps.h), or false where the kernel loads with cp.async.
 template <class T, int D>
 bool encode_fwd_maps(const FwdArgs& a, FwdMaps* maps) {
   using Cfg = FwdConfig<D>;
-  if (const char* env = std::getenv("TPF_ATTN_TMA"); env != nullptr && std::strcmp(env, "0") == 0) return false;
-  if (!a.bias.vec16 || a.bias.sk != 1) return false;
   constexpr bool kFp16 = std::is_same_v<T, __half>;
-  const Dims& d = a.dims;
-  // A dimension of size 1 is never stepped: any valid stride will do for it.
-  auto stride = [](uint64_t dim, int64_t elems) { return dim == 1 ? uint64_t{16} : static_cast<uint64_t>(elems) * 2; };
-  auto slice_map = [&](CUtensorMap* map, const Bshnd& x, int rows) {
-    tpf::detail::TmaTile t;
-    t.rank = 5;
-    const uint64_t dims[5] = {D, uint64_t(d.N), uint64_t(d.H), uint64_t(d.S), uint64_t(d.B)};
-    const int64_t strides[4] = {x.sn, x.sh, x.ss, x.sb};
-    for (int i = 0; i < 5; ++i) t.dims[i] = dims[i];
-    for (int i = 0; i < 4; ++i) t.strides[i] = stride(dims[i + 1], strides[i]);
-    t.box[0] = D;
-    t.box[1] = rows;
-    t.box[2] = t.box[3] = t.box[4] = 1;
-    return tpf::detail::encode_tma_16bit(map, x.ptr, kFp16, t, CU_TENSOR_MAP_SWIZZLE_64B);
-  };
-  tpf::detail::TmaTile bias;
-  bias.rank = 4;
-  const uint64_t bdims[4] = {uint64_t(d.N), uint64_t(d.N), uint64_t(d.H), uint64_t(d.B)};
-  const int64_t bstrides[3] = {a.bias.sq, a.bias.sh, a.bias.sb};
-  for (int i = 0; i < 4; ++i) bias.dims[i] = bdims[i];
-  for (int i = 0; i < 3; ++i) bias.strides[i] = stride(bdims[i + 1], bstrides[i]);
-  bias.box[0] = 64;
-  bias.box[1] = Cfg::kBlockQ;
-  bias.box[2] = bias.box[3] = 1;
-  return slice_map(&maps->q, a.q, Cfg::kBlockQ) && slice_map(&maps->k, a.k, Cfg::kBlockK) &&
-         slice_map(&maps->v, a.v, Cfg::kBlockK) &&
-         tpf::detail::encode_tma_16bit(&maps->bias, a.bias.ptr, kFp16, bias, CU_TENSOR_MAP_SWIZZLE_128B);
+  return tma_slice_rows(&maps->q, a.q, a.dims, D, kFp16, Cfg::kBlockQ, 1) &&
+         tma_slice_rows(&maps->k, a.k, a.dims, D, kFp16, Cfg::kBlockK, 1) &&
+         tma_slice_rows(&maps->v, a.v, a.dims, D, kFp16, Cfg::kBlockK, 1) &&
+         tma_bias_tiles(&maps->bias, a.bias, a.dims, kFp16, Cfg::kBlockQ);
 }
 
 template <class T, class BiasT, int D>

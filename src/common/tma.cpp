@@ -2,6 +2,11 @@
 
 #include <cudaTypedefs.h>
 
+// L2 fetch granularity on a miss (build-time experiment knob).
+#ifndef TPF_TMA_L2_PROMOTION
+#define TPF_TMA_L2_PROMOTION CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+#endif
+
 namespace tpf::detail {
 namespace {
 
@@ -34,14 +39,14 @@ bool tma_tile_ok(const void* ptr, int elem_bytes, const TmaTile& t) {
   return true;
 }
 
-bool encode_tma_16bit(CUtensorMap* map, const void* ptr, bool fp16, const TmaTile& t,
-                      CUtensorMapSwizzle swizzle) {
+bool encode_tma(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, const TmaTile& t,
+                CUtensorMapSwizzle swizzle) {
+  const int elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;
   const auto fn = encoder();
-  if (fn == nullptr || !tma_tile_ok(ptr, 2, t)) return false;
+  if (fn == nullptr || !tma_tile_ok(ptr, elem_bytes, t)) return false;
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  return fn(map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            static_cast<cuuint32_t>(t.rank), const_cast<void*>(ptr), t.dims, t.strides, t.box,
-            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+  return fn(map, type, static_cast<cuuint32_t>(t.rank), const_cast<void*>(ptr), t.dims, t.strides, t.box,
+            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, TPF_TMA_L2_PROMOTION,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -23,10 +23,10 @@ struct TmaTile {
 // box dimension).
 bool tma_tile_ok(const void* ptr, int elem_bytes, const TmaTile& t);
 
-// Encodes `t` over `ptr` (16-bit elements: bf16 or fp16) with the given shared-memory swizzle;
-// out-of-range elements of a box read as zero. Returns false where the driver has no encoder
-// or rejects the map.
-bool encode_tma_16bit(CUtensorMap* map, const void* ptr, bool fp16, const TmaTile& t,
-                      CUtensorMapSwizzle swizzle);
+// Encodes `t` over `ptr` (elements of `type`: 16-bit or fp32) with the given shared-memory
+// swizzle; out-of-range elements of a box read as zero. Returns false where the driver has no
+// encoder, or the map breaks the hardware's rules or is rejected.
+bool encode_tma(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, const TmaTile& t,
+                CUtensorMapSwizzle swizzle);
 
 }  // namespace tpf::detail

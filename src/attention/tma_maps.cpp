@@ -1,0 +1,60 @@
+#include "attention/tma_maps.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tpf::attn {
+namespace {
+
+bool disabled() {
+  const char* env = std::getenv("TPF_ATTN_TMA");
+  return env != nullptr && std::strcmp(env, "0") == 0;
+}
+// A dimension of size 1 is never stepped: any valid stride will do for it.
+uint64_t stride_bytes(int64_t dim, int64_t elems, int elem_bytes) {
+  return dim == 1 ? uint64_t{16} : static_cast<uint64_t>(elems) * elem_bytes;
+}
+CUtensorMapDataType type16(bool fp16) { return fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; }
+
+}  // namespace
+
+bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows, int slices) {
+  if (disabled()) return false;
+  detail::TmaTile t;
+  t.rank = 5;
+  const int64_t dims[5] = {D, d.N, d.H, d.S, d.B};
+  const int64_t strides[4] = {x.sn, x.sh, x.ss, x.sb};
+  for (int i = 0; i < 5; ++i) t.dims[i] = static_cast<uint64_t>(dims[i]);
+  for (int i = 0; i < 4; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 2);
+  const uint32_t box[5] = {static_cast<uint32_t>(D), static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(slices), 1};
+  for (int i = 0; i < 5; ++i) t.box[i] = box[i];
+  return detail::encode_tma(map, x.ptr, type16(fp16), t, CU_TENSOR_MAP_SWIZZLE_64B);
+}
+
+bool tma_bias_tiles(CUtensorMap* map, const BiasRef& bias, const Dims& d, bool fp16, int rows) {
+  if (disabled() || bias.fp32 || !bias.vec16 || bias.sk != 1) return false;
+  detail::TmaTile t;
+  t.rank = 4;
+  const int64_t dims[4] = {d.N, d.N, d.H, d.B};
+  const int64_t strides[3] = {bias.sq, bias.sh, bias.sb};
+  for (int i = 0; i < 4; ++i) t.dims[i] = static_cast<uint64_t>(dims[i]);
+  for (int i = 0; i < 3; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 2);
+  const uint32_t box[4] = {64, static_cast<uint32_t>(rows), 1, 1};
+  for (int i = 0; i < 4; ++i) t.box[i] = box[i];
+  return detail::encode_tma(map, bias.ptr, type16(fp16), t, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+bool tma_row_values(CUtensorMap* map, const float* p, const Dims& d, int rows, int slices) {
+  if (disabled()) return false;
+  detail::TmaTile t;
+  t.rank = 4;
+  const int64_t dims[4] = {d.N, d.H, d.S, d.B};
+  const int64_t strides[3] = {d.N, int64_t{d.H} * d.N, int64_t{d.S} * d.H * d.N};
+  for (int i = 0; i < 4; ++i) t.dims[i] = static_cast<uint64_t>(dims[i]);
+  for (int i = 0; i < 3; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 4);
+  const uint32_t box[4] = {static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(slices), 1};
+  for (int i = 0; i < 4; ++i) t.box[i] = box[i];
+  return detail::encode_tma(map, p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, t, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+}  // namespace tpf::attn
