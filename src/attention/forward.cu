@@ -214,10 +214,12 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   // wgmma operands: Q and K K-major, V MN-major, in 64-byte-swizzled tiles (rows of D = 32
   // elements: common/swizzle.cuh's pattern is the hardware's); a k16 step is 32 bytes along a
   // row (Q, K) or 16 rows (V).
-  const uint32_t sQa = dev::smem_addr(sQ), sKa = dev::smem_addr(sK), sVa = dev::smem_addr(sV);
-  auto q_desc = [&](int ks) { return dev::wgmma_desc_rows32(sQa + 32 * ks); };
-  auto k_desc = [&](int st, int ks) { return dev::wgmma_desc_rows32(sKa + st * BK * D * 2 + 32 * ks); };
-  auto v_desc = [&](int st, int kk) { return dev::wgmma_desc_rows32(sVa + (st * BK + kk * 16) * D * 2); };
+  const uint64_t q_desc0 = dev::wgmma_desc_rows32(dev::smem_addr(sQ));
+  const uint64_t k_desc0 = dev::wgmma_desc_rows32(dev::smem_addr(sK));
+  const uint64_t v_desc0 = dev::wgmma_desc_rows32(dev::smem_addr(sV));
+  auto q_desc = [&](int ks) { return dev::wgmma_desc_advance(q_desc0, 32 * ks); };
+  auto k_desc = [&](int st, int ks) { return dev::wgmma_desc_advance(k_desc0, st * BK * D * 2 + 32 * ks); };
+  auto v_desc = [&](int st, int kk) { return dev::wgmma_desc_advance(v_desc0, (st * BK + kk * 16) * D * 2); };
 
   phases.mark(5);
   // wgmma: P of the previous tile, packed; its PV runs on the tensor cores during this tile's

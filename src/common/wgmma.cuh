@@ -35,6 +35,12 @@ __device__ __forceinline__ uint64_t wgmma_desc_rows32(uint32_t addr) {
   return wgmma_desc(addr, 16, 512, Swizzle::k64B);
 }
 
+// The descriptor of the tile `bytes` further on: the start address is its low 14 bits in
+// 16-byte units, and every shared address of a block (< 228 KB) fits them, so the sum cannot
+// carry into the other fields. A loop then adds an offset (one 64-bit add) instead of
+// rebuilding the descriptor from an address (four uniform instructions per wgmma).
+__device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
