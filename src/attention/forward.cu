@@ -459,9 +459,9 @@ template <class T, int D>
 bool encode_fwd_maps(const FwdArgs& a, FwdMaps* maps) {
   using Cfg = FwdConfig<D>;
   constexpr bool kFp16 = std::is_same_v<T, __half>;
-  return tma_slice_rows(&maps->q, a.q, a.dims, D, kFp16, Cfg::kBlockQ, 1) &&
-         tma_slice_rows(&maps->k, a.k, a.dims, D, kFp16, Cfg::kBlockK, 1) &&
-         tma_slice_rows(&maps->v, a.v, a.dims, D, kFp16, Cfg::kBlockK, 1) &&
+  return tma_slice_rows(&maps->q, a.q, a.dims, D, kFp16, Cfg::kBlockQ) &&
+         tma_slice_rows(&maps->k, a.k, a.dims, D, kFp16, Cfg::kBlockK) &&
+         tma_slice_rows(&maps->v, a.v, a.dims, D, kFp16, Cfg::kBlockK) &&
          tma_bias_tiles(&maps->bias, a.bias, a.dims, kFp16, Cfg::kBlockQ);
 }
 

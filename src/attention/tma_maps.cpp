@@ -18,7 +18,7 @@ CUtensorMapDataType type16(bool fp16) { return fp16 ? CU_TENSOR_MAP_DATA_TYPE_FL
 
 }  // namespace
 
-bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows, int slices) {
+bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows) {
   if (disabled()) return false;
   detail::TmaTile t;
   t.rank = 5;
@@ -26,7 +26,7 @@ bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool
   const int64_t strides[4] = {x.sn, x.sh, x.ss, x.sb};
   for (int i = 0; i < 5; ++i) t.dims[i] = static_cast<uint64_t>(dims[i]);
   for (int i = 0; i < 4; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 2);
-  const uint32_t box[5] = {static_cast<uint32_t>(D), static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(slices), 1};
+  const uint32_t box[5] = {static_cast<uint32_t>(D), static_cast<uint32_t>(rows), 1, 1, 1};
   for (int i = 0; i < 5; ++i) t.box[i] = box[i];
   return detail::encode_tma(map, x.ptr, type16(fp16), t, CU_TENSOR_MAP_SWIZZLE_64B);
 }
@@ -42,19 +42,6 @@ bool tma_bias_tiles(CUtensorMap* map, const BiasRef& bias, const Dims& d, bool f
   const uint32_t box[4] = {64, static_cast<uint32_t>(rows), 1, 1};
   for (int i = 0; i < 4; ++i) t.box[i] = box[i];
   return detail::encode_tma(map, bias.ptr, type16(fp16), t, CU_TENSOR_MAP_SWIZZLE_128B);
-}
-
-bool tma_row_values(CUtensorMap* map, const float* p, const Dims& d, int rows, int slices) {
-  if (disabled()) return false;
-  detail::TmaTile t;
-  t.rank = 4;
-  const int64_t dims[4] = {d.N, d.H, d.S, d.B};
-  const int64_t strides[3] = {d.N, int64_t{d.H} * d.N, int64_t{d.S} * d.H * d.N};
-  for (int i = 0; i < 4; ++i) t.dims[i] = static_cast<uint64_t>(dims[i]);
-  for (int i = 0; i < 3; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 4);
-  const uint32_t box[4] = {static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(slices), 1};
-  for (int i = 0; i < 4; ++i) t.box[i] = box[i];
-  return detail::encode_tma(map, p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, t, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 }  // namespace tpf::attn

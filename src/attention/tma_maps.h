@@ -1,4 +1,4 @@
-// TMA tensor maps over the attention tensors (host side), for the D = 32 kernels that load their
+// TMA tensor maps over the attention tensors (host side), for the D = 32 forward, which loads its
 // tiles by TMA. Each returns false where the tensor's strides or alignment rule TMA out (the
 // kernel then loads with cp.async) or TPF_ATTN_TMA=0 asks for cp.async (A/B runs, tests).
 #pragma once
@@ -7,15 +7,11 @@
 
 namespace tpf::attn {
 
-// Tiles of `rows` rows x D of `slices` consecutive slices of a [B,S,H,N,D] tensor (16-bit),
-// box (D, rows, 1, slices, 1) in the 64-byte swizzle (rows of D = 32 elements), coordinates
-// (0, row, h, s, b).
-bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows, int slices);
+// Tiles of `rows` rows x D of one slice of a [B,S,H,N,D] tensor (16-bit), box (D, rows, 1, 1, 1)
+// in the 64-byte swizzle (rows of D = 32 elements), coordinates (0, row, h, s, b).
+bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows);
 // 64-key x `rows`-query tiles of a 16-bit bias with key stride 1, box (64, rows, 1, 1) in the
 // 128-byte swizzle, coordinates (key, query, h, b).
 bool tma_bias_tiles(CUtensorMap* map, const BiasRef& bias, const Dims& d, bool fp16, int rows);
-// `rows` rows of `slices` consecutive slices of a contiguous fp32 [B,S,H,N] array (LSE, Dlt), box
-// (rows, 1, slices, 1), coordinates (row, h, s, b).
-bool tma_row_values(CUtensorMap* map, const float* p, const Dims& d, int rows, int slices);
 
 }  // namespace tpf::attn

@@ -80,13 +80,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem, const uint32_t 
                : "memory");
 }
 
-// c += a b for m16n8k8 with fp32 accumulation; TYPE: the PTX operand type.
-#define TPF_MMA_M16N8K8(TYPE)                                                                  \
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, "    \
-               "{%4,%5}, {%6}, {%0,%1,%2,%3};\n"                                              \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                               \
-               : "r"(a0), "r"(a1), "r"(b))
-
 template <class T>
 struct MmaOp;
 
@@ -100,15 +93,10 @@ struct MmaOp<__nv_bfloat16> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  // m16n8k8: c += a (16 x 8, two registers) b (8 x 8, one register).
-  __device__ __forceinline__ static void run_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    TPF_MMA_M16N8K8("bf16");
-  }
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  static constexpr uint16_t kNegInfBits = 0xFF80;
 };
 
 template <>
@@ -121,16 +109,11 @@ struct MmaOp<__half> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  __device__ __forceinline__ static void run_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    TPF_MMA_M16N8K8("f16");
-  }
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  static constexpr uint16_t kNegInfBits = 0xFC00;
 };
-#undef TPF_MMA_M16N8K8
 
 // c0 += a b[0..1] and c1 += a b[2..3]: the two n8 tiles of B that one ldmatrix.x4 delivers
 // (matrices 0, 1: the first tile's k halves; 2, 3: the second's).

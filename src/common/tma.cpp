@@ -2,11 +2,6 @@
 
 #include <cudaTypedefs.h>
 
-// L2 fetch granularity on a miss (build-time experiment knob).
-#ifndef TPF_TMA_L2_PROMOTION
-#define TPF_TMA_L2_PROMOTION CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-#endif
-
 namespace tpf::detail {
 namespace {
 
@@ -46,7 +41,7 @@ bool encode_tma(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, con
   if (fn == nullptr || !tma_tile_ok(ptr, elem_bytes, t)) return false;
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   return fn(map, type, static_cast<cuuint32_t>(t.rank), const_cast<void*>(ptr), t.dims, t.strides, t.box,
-            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, TPF_TMA_L2_PROMOTION,
+            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
