@@ -167,7 +167,9 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     return make_int2(vt / (BQ / 4), 4 * (vt % (BQ / 4)));
   };
   // Whether step gs's group starts the chunk (its partial not yet written: no old value).
-  auto first_group = [&](int gs) { return k.group_of(gs) == k.sg_begin; };
+  auto first_group = [&](int gs) {
+    return k.group_of(gs) == k.sg_begin || (TPF_EXPERIMENT_PHASES && (k.a.experiment & 16));
+  };
   auto load_old = [&](int gs) {
     if (first_group(gs)) return;
     const int q0 = k.query_tile_of(gs) * BQ;
@@ -271,7 +273,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
         for (int it = 0; it < kDqIters; ++it) {
           const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this lane's row
           old[u][it] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (k.kb > 0 && m < ch[u].members && q < ch[u].rows_left)
+          if (k.kb > 0 && m < ch[u].members && q < ch[u].rows_left && !(TPF_EXPERIMENT_PHASES && (a.experiment & 32)))
             old[u][it] = __ldcg(reinterpret_cast<const float4*>(ch[u].g + m * dq_slice_stride + q * D));
         }
       }
@@ -333,8 +335,10 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   auto load_step = [&](int gs) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
     const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
-    q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
-    q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
+    if (!(TPF_EXPERIMENT_PHASES && (a.experiment & 8) && quad == 1 && gs >= 2)) {
+      q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
+      q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
+    }
     if (qi == 0) {
       kv_copier.copy(k.k_tile(sg, quad), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
       kv_copier.copy(k.v_tile(sg, quad), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);

@@ -55,7 +55,9 @@ struct BwdArgs {
   int part_rows = 0, part_cols = 0;  // Nk = N rounded up to kBlockK, Nq = N rounded up to kBlockQ
   int experiment = 0;  // timing experiments only (TPF_EXPERIMENT_PHASES builds, env TPF_BWD_SKIP):
                        //   1: the dbias warp skips its sums, 2: the dQ warps skip their adds,
-                       //   4: they skip waiting for the turn
+                       //   4: they skip waiting for the turn; bytes (v16): 8: quad 1 stops
+                       //   loading its Q and dO tiles, 16: the dbias warps skip reading the old
+                       //   partial, 32: the dQ warps skip reading dq_acc
 };
 
 }  // namespace tpf::attn
