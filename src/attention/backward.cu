@@ -356,8 +356,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
 
   // Phases of a step (timing experiment, see phase_timer.cuh): own tiles wait, tiles barrier, next
   // loads, S^T and dP^T, P and dS, dV and dK, dS stores (with the DS_FREE wait), quad barrier, dQ
-  // part (with DQ_FREE).
-  dev::PhaseTimer<BwdConfig<D>::kMathWarps, 9> phases(warp, lane);
+  // part (with DQ_FREE), and the previous step's DONE_Q hand-over and group end.
+  dev::PhaseTimer<BwdConfig<D>::kMathWarps, 10> phases(warp, lane);
   // The key mask of a group's rows, fetched one group ahead.
   auto attended = [&](int sg, int r) {
     const int s = sg * G + quad;
@@ -369,6 +369,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   float dk[DT][4], dv[DT][4];  // 16 keys x D per warp, this quad's slice
 
   for (int gs = 0; gs < k.steps; ++gs) {
+    phases.mark(9);  // the previous step's hand-over and group end
     const int st = gs & 1, sg = k.group_of(gs), qi = k.query_tile_of(gs);
     if (qi == 0) {
 #pragma unroll
@@ -393,7 +394,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     phases.mark(0);
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
     phases.mark(1);
-    if (gs + 1 < k.steps) load_step(gs + 1);
+    if (gs + 1 < k.steps && !(TPF_EXPERIMENT_PHASES && (a.experiment & 64) && gs >= 1)) load_step(gs + 1);
     dev::cp_async_commit();
     phases.mark(2);
 

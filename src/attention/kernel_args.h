@@ -57,7 +57,8 @@ struct BwdArgs {
                        //   1: the dbias warp skips its sums, 2: the dQ warps skip their adds,
                        //   4: they skip waiting for the turn; bytes (v16): 8: quad 1 stops
                        //   loading its Q and dO tiles, 16: the dbias warps skip reading the old
-                       //   partial, 32: the dQ warps skip reading dq_acc
+                       //   partial, 32: the dQ warps skip reading dq_acc, 64: the math warps
+                       //   load no tiles after step 1
 };
 
 }  // namespace tpf::attn
