@@ -470,7 +470,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
           bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
         }
         const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
-        const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
+        const float p = attend[r] ? (TPF_EXPERIMENT_PHASES && (a.experiment & 128) ? x : dev::exp2_approx(x)) : 0.f;
         sT[nt][e] = p;
         dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
       }
@@ -517,7 +517,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     if (k.part) {
       if (gs > 0) dev::bar_sync(kBarDsFree, B::kWith);
 #pragma unroll
-      for (int nt = 0; nt < QT; ++nt)
+      for (int nt = 0; nt < (TPF_EXPERIMENT_PHASES && (a.experiment & 512) ? 0 : QT); ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) =
@@ -560,7 +560,36 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
         for (int r = 0; r < 2; ++r)
           *reinterpret_cast<float2*>(tDq + (wq * 16 + g + 8 * r) * D + nt * 8 + 2 * t) =
               make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
-    } else if (dq_warp) {
+    } else if constexpr (kDqUnitsPerWarp >= 4) {
+      // D = 128: a warp's four units (wq + 4u) share their 16 query rows, so one dS fragment a k16
+      // step serves all four: fwd+bwd -8 / -9% at N = 384 / 768. With two units a warp (D = 32,
+      // 64) the unit-by-unit loop below, reloading it, measured faster (D = 32: 6.27 vs 6.52 ms).
+      constexpr int U = kDqUnitsPerWarp;
+      static_assert(BQ / 16 == 2, "four units a warp: unit % (BQ / 16) == wq % 2");
+      const int qg = wq % 2;
+      float dq[U][2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < (TPF_EXPERIMENT_PHASES && (a.experiment & 256) ? 0 : BK / 16); ++kk) {
+        uint32_t sa[4];
+        dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                               qg * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          uint32_t kb4[4];
+          dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                 (wq + 4 * u) / 2 * 2 + (lane >> 4)));
+          dev::mma_n16<T>(dq[u][0], dq[u][1], sa, kb4);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * D + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
+                make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
+    } else if (dq_warp && !(TPF_EXPERIMENT_PHASES && (a.experiment & 256))) {
 #pragma unroll
       for (int u = 0; u < kDqUnitsPerWarp; ++u) {
         const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);

@@ -58,7 +58,8 @@ struct BwdArgs {
                        //   4: they skip waiting for the turn; bytes (v16): 8: quad 1 stops
                        //   loading its Q and dO tiles, 16: the dbias warps skip reading the old
                        //   partial, 32: the dQ warps skip reading dq_acc, 64: the math warps
-                       //   load no tiles after step 1
+                       //   load no tiles after step 1; math (v16): 128: no exponentials (P = the
+                       //   exponent), 256: no dQ part, 512: no fp32 dS^T stores for dbias
 };
 
 }  // namespace tpf::attn
