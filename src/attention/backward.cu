@@ -562,12 +562,13 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
               make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
     } else if constexpr (kDqUnitsPerWarp >= 4) {
       // D = 128: a warp's four units (wq + 4u) share their 16 query rows, so one dS fragment a k16
-      // step serves all four: fwd+bwd -8 / -9% at N = 384 / 768. With two units a warp (D = 32,
-      // 64) the unit-by-unit loop below, reloading it, measured faster (D = 32: 6.27 vs 6.52 ms).
+      // step serves all four: fwd+bwd -8.6 / -9.7% at N = 384 / 768. With two units a warp (D = 32,
+      // 64) the unit-by-unit loop below, reloading it, measured faster (D = 32: 6.27 vs 6.52 ms;
+      // perf-notes v16).
       constexpr int U = kDqUnitsPerWarp;
       static_assert(BQ / 16 == 2, "four units a warp: unit % (BQ / 16) == wq % 2");
       const int qg = wq % 2;
-      float dq[U][2][4] = {};
+      float dq[U][2][4] = {};  // [unit][n8 half][fragment]: 16 queries x 16 d a unit
 #pragma unroll
       for (int kk = 0; kk < (TPF_EXPERIMENT_PHASES && (a.experiment & 256) ? 0 : BK / 16); ++kk) {
         uint32_t sa[4];
