@@ -37,9 +37,10 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
                "l"(gmem), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// The copies landed: "memory" keeps the compiler from moving shared-memory reads above the wait.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Four 8 x 8 16-bit matrices (lane 8i + j: the address of row j of matrix i), from a
