@@ -36,6 +36,25 @@
 namespace tpf::attn {
 namespace {
 
+// Timing experiments (TPF_EXPERIMENT_PHASES builds, env TPF_BWD_SKIP; the gradients are then
+// wrong): parts of the backward skipped to measure what they cost (perf-notes v15, v16). Never
+// skipped in a shipped build.
+enum BwdSkip : int {
+  kSkipDbiasSums = 1,     // the dbias warps' sums
+  kSkipDqAdds = 2,        // the dQ warps' adds
+  kSkipTurnWait = 4,      // the dQ warps' wait for the turn
+  kSkipQuad1Tiles = 8,    // quad 1's Q and dO loads after step 1
+  kSkipOldPartial = 16,   // the dbias warps' reads of the old partial
+  kSkipDqAccRead = 32,    // the dQ warps' reads of dq_acc
+  kSkipTileLoads = 64,    // every tile load after step 1
+  kSkipExp = 128,         // the exponentials (P = the exponent)
+  kSkipDqPart = 256,      // the math's dQ part
+  kSkipDsfStores = 512,   // the math's fp32 dS^T stores for dbias
+};
+__device__ __forceinline__ bool skips(const BwdArgs& a, BwdSkip part) {
+  return TPF_EXPERIMENT_PHASES && (a.experiment & part);
+}
+
 // Shared memory of one block, in elements; the regions follow one another in this order.
 template <class BiasT, int D>
 struct BwdSmem {
@@ -168,7 +187,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
   };
   // Whether step gs's group starts the chunk (its partial not yet written: no old value).
   auto first_group = [&](int gs) {
-    return k.group_of(gs) == k.sg_begin || (TPF_EXPERIMENT_PHASES && (k.a.experiment & 16));
+    return k.group_of(gs) == k.sg_begin || skips(k.a, kSkipOldPartial);
   };
   auto load_old = [&](int gs) {
     if (first_group(gs)) return;
@@ -193,7 +212,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
     dev::cp_async_wait<0>();            // and sOld
     phases.mark(1);
 #pragma unroll 1
-    for (int v = 0; v < (TPF_EXPERIMENT_PHASES && (k.a.experiment & 1) ? 0 : B::kVirt); ++v) {
+    for (int v = 0; v < (skips(k.a, kSkipDbiasSums) ? 0 : B::kVirt); ++v) {
       const int2 rc = row_col(v);
       const int r = rc.x, c = rc.y;
 #pragma unroll 4
@@ -258,12 +277,12 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
     dev::bar_sync(kBarDoneQ + stage, B::kWith1);  // sDq[stage] holds step gs
     phases.mark(0);
     // Wait for the turn: the key tiles before this one have stored theirs.
-    if (k.kb > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !(TPF_EXPERIMENT_PHASES && (a.experiment & 4)))
+    if (k.kb > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !skips(a, kSkipTurnWait))
       while (dev::ld_acquire_gpu(k.turn_of(sg, qi)) != k.kb) __nanosleep(32);
     __syncwarp();
     phases.mark(1);
 #pragma unroll 1
-    for (int v0 = 0; v0 < (TPF_EXPERIMENT_PHASES && (a.experiment & 2) ? 0 : kVirt); v0 += kVB) {
+    for (int v0 = 0; v0 < (skips(a, kSkipDqAdds) ? 0 : kVirt); v0 += kVB) {
       DqChunk ch[kVB];
       float4 old[kVB][kDqIters];
 #pragma unroll
@@ -273,7 +292,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
         for (int it = 0; it < kDqIters; ++it) {
           const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this lane's row
           old[u][it] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (k.kb > 0 && m < ch[u].members && q < ch[u].rows_left && !(TPF_EXPERIMENT_PHASES && (a.experiment & 32)))
+          if (k.kb > 0 && m < ch[u].members && q < ch[u].rows_left && !skips(a, kSkipDqAccRead))
             old[u][it] = __ldcg(reinterpret_cast<const float4*>(ch[u].g + m * dq_slice_stride + q * D));
         }
       }
@@ -335,7 +354,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   auto load_step = [&](int gs) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
     const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
-    if (!(TPF_EXPERIMENT_PHASES && (a.experiment & 8) && quad == 1 && gs >= 2)) {
+    if (!(skips(a, kSkipQuad1Tiles) && quad == 1 && gs >= 2)) {
       q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
       q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
     }
@@ -394,7 +413,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     phases.mark(0);
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
     phases.mark(1);
-    if (gs + 1 < k.steps && !(TPF_EXPERIMENT_PHASES && (a.experiment & 64) && gs >= 1)) load_step(gs + 1);
+    if (gs + 1 < k.steps && !(skips(a, kSkipTileLoads) && gs >= 1)) load_step(gs + 1);
     dev::cp_async_commit();
     phases.mark(2);
 
@@ -470,7 +489,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
           bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
         }
         const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
-        const float p = attend[r] ? (TPF_EXPERIMENT_PHASES && (a.experiment & 128) ? x : dev::exp2_approx(x)) : 0.f;
+        const float p = attend[r] ? (skips(a, kSkipExp) ? x : dev::exp2_approx(x)) : 0.f;
         sT[nt][e] = p;
         dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
       }
@@ -517,7 +536,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     if (k.part) {
       if (gs > 0) dev::bar_sync(kBarDsFree, B::kWith);
 #pragma unroll
-      for (int nt = 0; nt < (TPF_EXPERIMENT_PHASES && (a.experiment & 512) ? 0 : QT); ++nt)
+      for (int nt = 0; nt < (skips(a, kSkipDsfStores) ? 0 : QT); ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) =
@@ -570,7 +589,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       const int qg = wq % 2;
       float dq[U][2][4] = {};  // [unit][n8 half][fragment]: 16 queries x 16 d a unit
 #pragma unroll
-      for (int kk = 0; kk < (TPF_EXPERIMENT_PHASES && (a.experiment & 256) ? 0 : BK / 16); ++kk) {
+      for (int kk = 0; kk < (skips(a, kSkipDqPart) ? 0 : BK / 16); ++kk) {
         uint32_t sa[4];
         dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                qg * 2 + ((lane >> 3) & 1)));
@@ -590,7 +609,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
           for (int r = 0; r < 2; ++r)
             *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * D + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
                 make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
-    } else if (dq_warp && !(TPF_EXPERIMENT_PHASES && (a.experiment & 256))) {
+    } else if (dq_warp && !skips(a, kSkipDqPart)) {
 #pragma unroll
       for (int u = 0; u < kDqUnitsPerWarp; ++u) {
         const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);

@@ -54,12 +54,7 @@ struct BwdArgs {
   int groups_per_chunk = 1;     // slice groups of BwdConfig::kSlices per chunk
   int part_rows = 0, part_cols = 0;  // Nk = N rounded up to kBlockK, Nq = N rounded up to kBlockQ
   int experiment = 0;  // timing experiments only (TPF_EXPERIMENT_PHASES builds, env TPF_BWD_SKIP):
-                       //   1: the dbias warp skips its sums, 2: the dQ warps skip their adds,
-                       //   4: they skip waiting for the turn; bytes (v16): 8: quad 1 stops
-                       //   loading its Q and dO tiles, 16: the dbias warps skip reading the old
-                       //   partial, 32: the dQ warps skip reading dq_acc, 64: the math warps
-                       //   load no tiles after step 1; math (v16): 128: no exponentials (P = the
-                       //   exponent), 256: no dQ part, 512: no fp32 dS^T stores for dbias
+                       //   the parts of the backward to skip, backward.cu's BwdSkip bits
 };
 
 }  // namespace tpf::attn
