@@ -9,7 +9,7 @@ BIN=${1:-.devbin}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
 timeout 300 "$BIN/tpf_gpu_tests" --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$? $(tail -1 "$OUT/gpu_tests.txt")"; grep -E "^\[  FAILED" "$OUT/gpu_tests.txt" | head
-F='*S3_N8_*:*S3_N7_*:*S3_N64_*:*S3_N100_D128*:*S13_N40*:*S5_N77*'
+F='*S3_N8_*:*S3_N7_*:*S3_N64_*:*S3_N100_D128*:*S3_N100_D32*:*S13_N40*:*S5_N77*'
 for tool in memcheck racecheck synccheck; do
   timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/tpf_gpu_tests" --gtest_filter="$F" \
     --gtest_brief=1 > "$OUT/logs/sanitize_$tool.txt" 2>&1

@@ -99,10 +99,10 @@ BwdWorkspace workspace_layout(const AttentionBackwardParams& p, const attn::BwdP
                 D = p.q.shape[4];
   BwdWorkspace w;
   w.dq_acc = 0;
-  w.delta = align_up(w.dq_acc + sizeof(float) * B * S * H * N * D);
+  w.delta = align_up(w.dq_acc + sizeof(float) * plan.dq_chains * B * S * H * N * D);
   w.lse_log2 = align_up(w.delta + sizeof(float) * B * S * H * N);
   w.turn = align_up(w.lse_log2 + sizeof(float) * B * S * H * N);
-  w.dbias_part = align_up(w.turn + sizeof(int) * B * H * plan.slice_groups * plan.query_tiles);
+  w.dbias_part = align_up(w.turn + sizeof(int) * plan.dq_chains * B * H * plan.slice_groups * plan.query_tiles);
   w.total = w.dbias_part;
   if (p.dbias.present())
     w.total = align_up(w.total + sizeof(float) * plan.chunks * B * H * plan.part_rows * plan.part_cols);
@@ -193,6 +193,7 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
   a.groups_per_chunk = plan.groups_per_chunk;
   a.part_rows = plan.part_rows;
   a.part_cols = plan.part_cols;
+  a.dq_chains = plan.dq_chains;
   TPF_RETURN_IF_ERROR(detail::cuda_status(
       "attention_backward", cudaMemsetAsync(a.dq_turn, 0, w.dbias_part - w.turn, stream)));
   return detail::cuda_status("attention_backward",

@@ -10,7 +10,9 @@
 //   of its slice chunk (the chunks are summed in order later);
 // - two dQ warps, taking alternate steps, add each step's dQ part to an fp32 buffer, the key tiles
 //   of a (slice group, query tile) one after another in key-tile order, handed on by a
-//   release/acquire turn counter: a fixed order, no float atomics, O(B S H N D) memory.
+//   release/acquire turn counter: a fixed order, no float atomics, O(B S H N D) memory. With C = 2
+//   chains (D = 32, N <= 640: tile_config.h) the even and the odd key tiles form two such chains
+//   into two buffers, which dq_finalize adds in chain order.
 // Roles meet at named barriers (BwdBarrier). With sDq in kDqStages stages the math can run that
 // many steps ahead of the turn, and the two dQ warps keep two steps' turn chains in flight.
 #include <cuda_runtime.h>
@@ -55,8 +57,9 @@ __device__ __forceinline__ bool skips(const BwdArgs& a, BwdSkip part) {
   return TPF_EXPERIMENT_PHASES && (a.experiment & part);
 }
 
-// Shared memory of one block, in elements; the regions follow one another in this order.
-template <class BiasT, int D>
+// Shared memory of one block, in elements; the regions follow one another in this order. C: dQ
+// turn chains (tile_config.h's bwd_dq_chains).
+template <class BiasT, int D, int C>
 struct BwdSmem {
   using Cfg = BwdConfig<D>;
   static constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
@@ -75,16 +78,23 @@ struct BwdSmem {
   static constexpr int kOld = BK * kFStride;   // sOld  [BK][BQ+8]       dbias partial so far
                                                //   (a step ahead; two ahead measured no faster)
   static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T, fp32, for dbias
-  static constexpr int kDq = Cfg::kDqStages * G * BQ * D;  // sDq [stages][G][BQ][D] this key
-                                                          //   tile's dQ part
-  static constexpr int k32 = kLse + kDlt + kOld + kDSf + kDq;
+  // sDq [stages][G][BQ][kDqPitch], this key tile's dQ part. Rows of D floats all start on bank 0,
+  // so the math's float2 stores (4 rows x 4 lanes a half-warp) conflict 4 ways; 8 floats of padding
+  // put the 4 rows 8 banks apart. Only with short chains (C > 1: at N = 768 the padding measured
+  // slower, tile_config.h), and only where it fits (not at D = 32 with an fp32 bias).
+  static constexpr int kDqRows = Cfg::kDqStages * G * BQ;
   // bias tiles [2] (bias dtype, BiasTile layout)
   static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
   // wgmma reads the 16-bit tiles through swizzle patterns keyed to address bits: the block's
   // base is aligned to the 128-byte swizzle's 1024-byte period (sdS), the rest follow in whole
   // 4 KB tiles.
   static constexpr int kAlign = Cfg::kWgmma ? 1024 : 0;
-  static constexpr size_t bytes() { return size_t(k16) * 2 + size_t(k32) * 4 + 2 * kBiasBytes + kAlign; }
+  static constexpr size_t bytes_with(int dq_pitch) {
+    return size_t(k16) * 2 + size_t(kLse + kDlt + kOld + kDSf + kDqRows * dq_pitch) * 4 + 2 * kBiasBytes + kAlign;
+  }
+  static constexpr int kDqPitch = C > 1 && bytes_with(D + 8) <= 227 * 1024 ? D + 8 : D;
+  static constexpr int kDq = kDqRows * kDqPitch;
+  static constexpr size_t bytes() { return bytes_with(kDqPitch); }
   static_assert(bytes() <= 227 * 1024, "the H200's shared memory per block");
 };
 
@@ -105,10 +115,10 @@ enum BwdBarrier : int {
 static_assert(kBarQuad + 2 <= 16, "16 named barriers");
 
 // Everything a block's roles share: the problem, its place in it, and the shared tiles.
-template <class T, class BiasT, int D>
+template <class T, class BiasT, int D, int C>
 struct BwdBlock {
   using Cfg = BwdConfig<D>;
-  using L = BwdSmem<BiasT, D>;
+  using L = BwdSmem<BiasT, D, C>;
   static constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
   static constexpr int kMath = Cfg::kMathThreads;
   static constexpr int kWith = kMath + 64;      // participants of a math <-> dbias barrier: the
@@ -161,18 +171,24 @@ struct BwdBlock {
     const bool which = kb == 0 || kb == 6 || kb + 1 == static_cast<int>(gridDim.x);
     return blockIdx.y == 0 && blockIdx.z == 0 && which;
   }
+  // This key tile's dQ chain and its place in it; whether it is the chain's last.
+  // (C is a template parameter: read from the arguments, the divisor cost the dQ warps' loop its
+  // versioning on the first place and the kernel 12%, perf-notes v17.)
+  __device__ __forceinline__ int chain() const { return kb % C; }
+  __device__ __forceinline__ int chain_pos() const { return kb / C; }
+  __device__ __forceinline__ bool chain_last() const { return kb + C >= static_cast<int>(gridDim.x); }
   __device__ __forceinline__ int* turn_of(int sg, int qi) const {
-    return a.dq_turn + ((static_cast<int64_t>(b) * H + h) * n_sg + sg) * nq + qi;
+    return a.dq_turn + (((static_cast<int64_t>(chain()) * a.dims.B + b) * H + h) * n_sg + sg) * nq + qi;
   }
 };
 
 // The helper's dbias warps: the dbias partial of step gs = the partial so far + every quad's dS in
 // quad order, into the block's private fp32 partial; warp `half` takes half of the tile's rows. The
 // partial so far is fetched a step ahead.
-template <class T, class BiasT, int D>
-__device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int lane, int half) {
-  using B = BwdBlock<T, BiasT, D>;
-  using L = BwdSmem<BiasT, D>;
+template <class T, class BiasT, int D, int C>
+__device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D, C>& k, int lane, int half) {
+  using B = BwdBlock<T, BiasT, D, C>;
+  using L = BwdSmem<BiasT, D, C>;
   constexpr int G = B::G, BK = B::BK, BQ = B::BQ, FS = L::kFStride;
   if (!k.part) return;
   const int cols = k.a.part_cols;
@@ -241,9 +257,9 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D>& k, int la
 // kDqStages]: each is added to the fp32 sum of the key tiles before this one (dq_acc) when the key
 // tile's turn comes, and the turn handed on. Two warps keep two steps' turn chains (wait, fetch,
 // add, store, release: latency, not work) in flight.
-template <class T, class BiasT, int D>
-__device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int lane, int w) {
-  using B = BwdBlock<T, BiasT, D>;
+template <class T, class BiasT, int D, int C>
+__device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, int lane, int w) {
+  using B = BwdBlock<T, BiasT, D, C>;
   constexpr int G = B::G, BQ = B::BQ;
   constexpr int kVirt = 4;  // the warp plays all 128 threads of the geometry below
   const BwdArgs& a = k.a;
@@ -252,7 +268,12 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
   // rows.
   constexpr int kDqRows = 128 / (D / 4), kDqIters = G * BQ / kDqRows;
   static_assert(128 % (D / 4) == 0 && BQ % kDqRows == 0, "whole dQ rows per pass");
+  constexpr int DP = BwdSmem<BiasT, D, C>::kDqPitch;  // sDq's row pitch
   const int64_t dq_slice_stride = static_cast<int64_t>(k.H) * k.N * D;  // consecutive slices
+  // This key tile's chain: its accumulator, its place (0: the first, which reads nothing).
+  float* chain_acc = a.dq_acc + k.chain() * (static_cast<int64_t>(a.dims.B) * k.S * k.H * k.N * D);
+  const int pos = k.chain_pos();
+  const bool last = k.chain_last();
   constexpr int kStages = BwdConfig<D>::kDqStages;
   struct DqChunk {
     float* g;
@@ -260,9 +281,9 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
   };
   auto dq_chunk = [&](int vt, int sg, int qi) {
     const int r0 = vt / (D / 4), c = 4 * (vt % (D / 4));
-    return DqChunk{a.dq_acc + ((static_cast<int64_t>(k.b) * k.S + sg * G) * k.H + k.h) * static_cast<int64_t>(k.N) * D +
+    return DqChunk{chain_acc + ((static_cast<int64_t>(k.b) * k.S + sg * G) * k.H + k.h) * static_cast<int64_t>(k.N) * D +
                        (qi * BQ + r0) * D + c,
-                   r0 * D + c, k.N - qi * BQ - r0, min(G, k.S - sg * G)};
+                   r0 * DP + c, k.N - qi * BQ - r0, min(G, k.S - sg * G)};
   };
   // The earlier sum is read straight into registers (L2: cg), kVB virtual threads' row passes at
   // a time, so one round trip serves 8 chunks (16 spill at the helper's register budget; one
@@ -273,12 +294,12 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
   for (int gs = w; gs < k.steps; gs += 2) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
     const int stage = gs % kStages;
-    const float* dq = k.sDq + stage * G * BQ * D;
+    const float* dq = k.sDq + stage * G * BQ * DP;
     dev::bar_sync(kBarDoneQ + stage, B::kWith1);  // sDq[stage] holds step gs
     phases.mark(0);
     // Wait for the turn: the key tiles before this one have stored theirs.
-    if (k.kb > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !skips(a, kSkipTurnWait))
-      while (dev::ld_acquire_gpu(k.turn_of(sg, qi)) != k.kb) __nanosleep(32);
+    if (pos > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !skips(a, kSkipTurnWait))
+      while (dev::ld_acquire_gpu(k.turn_of(sg, qi)) != pos) __nanosleep(32);
     __syncwarp();
     phases.mark(1);
 #pragma unroll 1
@@ -292,7 +313,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
         for (int it = 0; it < kDqIters; ++it) {
           const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this lane's row
           old[u][it] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (k.kb > 0 && m < ch[u].members && q < ch[u].rows_left && !skips(a, kSkipDqAccRead))
+          if (pos > 0 && m < ch[u].members && q < ch[u].rows_left && !skips(a, kSkipDqAccRead))
             old[u][it] = __ldcg(reinterpret_cast<const float4*>(ch[u].g + m * dq_slice_stride + q * D));
         }
       }
@@ -303,8 +324,8 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
           const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;
           if (m >= ch[u].members || q >= ch[u].rows_left) continue;
           const float4 o = old[u][it];
-          float4 v4 = *reinterpret_cast<const float4*>(dq + (m * BQ + q) * D + ch[u].tile_off);
-          if (k.kb > 0) v4 = make_float4(o.x + v4.x, o.y + v4.y, o.z + v4.z, o.w + v4.w);  // earlier tiles first
+          float4 v4 = *reinterpret_cast<const float4*>(dq + (m * BQ + q) * DP + ch[u].tile_off);
+          if (pos > 0) v4 = make_float4(o.x + v4.x, o.y + v4.y, o.z + v4.z, o.w + v4.w);  // earlier tiles first
           *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
         }
     }
@@ -314,7 +335,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
     // release, which is cumulative, so no separate fence is needed (a __threadfence there cost
     // ~1300 cycles a step when the math warps did this: perf-notes v11).
     __syncwarp();
-    if (lane == 0 && k.kb + 1 < static_cast<int>(gridDim.x)) dev::st_release_gpu(k.turn_of(sg, qi), k.kb + 1);
+    if (lane == 0 && !last) dev::st_release_gpu(k.turn_of(sg, qi), pos + 1);
     phases.mark(3);
   }
   if (k.is_traced()) phases.print("bwd-dq", k.kb, w, (k.steps - w + 1) / 2);
@@ -323,10 +344,10 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D>& k, int 
 // Math warps: quad `quad` computes slice sg * G + quad of every step: P^T recomputed once from
 // the forward's LSE, dV += P^T dO and dK += dS^T Q in registers, dS^T out to shared memory for
 // the helper (fp32, dbias) and for this quad's dQ part = dS K (16-bit, then fp32 into sDq).
-template <class T, class BiasT, int D>
-__device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid) {
-  using B = BwdBlock<T, BiasT, D>;
-  using L = BwdSmem<BiasT, D>;
+template <class T, class BiasT, int D, int C>
+__device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int tid) {
+  using B = BwdBlock<T, BiasT, D, C>;
+  using L = BwdSmem<BiasT, D, C>;
   using Mma = dev::MmaOp<T>;
   constexpr int G = B::G, BK = B::BK, BQ = B::BQ;
   constexpr int QT = BQ / 8, DT = D / 8, KS = D / 16, FS = L::kFStride;
@@ -559,7 +580,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
     constexpr int kDqStages = BwdConfig<D>::kDqStages;
     const int dst = gs % kDqStages;
     if (gs >= kDqStages) dev::bar_sync(kBarDqFree + dst, B::kWith1);
-    float* tDq = k.sDq + (dst * G + quad) * BQ * D;
+    constexpr int DP = L::kDqPitch;
+    float* tDq = k.sDq + (dst * G + quad) * BQ * DP;  // [BQ][DP]
     const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
     if constexpr (kWg == 2) {
       // dQ = dS K: A = dS^T read MN-major, B = K MN-major; 16 queries x D per warp.
@@ -577,7 +599,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
       for (int nt = 0; nt < DT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(tDq + (wq * 16 + g + 8 * r) * D + nt * 8 + 2 * t) =
+          *reinterpret_cast<float2*>(tDq + (wq * 16 + g + 8 * r) * DP + nt * 8 + 2 * t) =
               make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
     } else if constexpr (kDqUnitsPerWarp >= 4) {
       // D = 128: a warp's four units (wq + 4u) share their 16 query rows, so one dS fragment a k16
@@ -607,7 +629,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * D + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
+            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
                 make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
     } else if (dq_warp && !skips(a, kSkipDqPart)) {
 #pragma unroll
@@ -627,7 +649,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * D + dg * 16 + n * 8 + 2 * t) =
+            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + dg * 16 + n * 8 + 2 * t) =
                 make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
       }
     }
@@ -661,13 +683,13 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D>& k, int tid
   if (k.is_traced()) phases.print("backward", k.kb, warp, k.steps);
 }
 
-template <class T, class BiasT, int D>
+template <class T, class BiasT, int D, int C>
 __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(const BwdArgs a) {
   using Cfg = BwdConfig<D>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  constexpr uint32_t kAlign = BwdSmem<BiasT, D>::kAlign;
+  constexpr uint32_t kAlign = BwdSmem<BiasT, D, C>::kAlign;
   uint8_t* smem = kAlign ? smem_raw + ((kAlign - (dev::smem_addr(smem_raw) & (kAlign - 1))) & (kAlign - 1)) : smem_raw;
-  const BwdBlock<T, BiasT, D> blk(a, smem);
+  const BwdBlock<T, BiasT, D, C> blk(a, smem);
   if (blk.steps == 0) return;  // every role returns: no barrier is left half-arrived
   const int tid = threadIdx.x;
   if (tid >= Cfg::kMathThreads) {  // the helper warpgroup
@@ -684,15 +706,24 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) backward_kernel(con
   }
 }
 
+template <class T, class BiasT, int D, int C>
+cudaError_t launch_chains(const BwdArgs& a, const BwdPlan& plan, cudaStream_t stream) {
+  const size_t smem = BwdSmem<BiasT, D, C>::bytes();
+  auto kernel = backward_kernel<T, BiasT, D, C>;
+  if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;
+  const dim3 grid(plan.key_tiles, plan.chunks, a.dims.B * a.dims.H);
+  kernel<<<grid, BwdConfig<D>::kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
 template <class T, class BiasT, int D>
 struct LaunchBackward {
   static cudaError_t run(const BwdArgs& a, const BwdPlan& plan, cudaStream_t stream) {
-    const size_t smem = BwdSmem<BiasT, D>::bytes();
-    auto kernel = backward_kernel<T, BiasT, D>;
-    if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;
-    const dim3 grid(plan.key_tiles, plan.chunks, a.dims.B * a.dims.H);
-    kernel<<<grid, BwdConfig<D>::kThreads, smem, stream>>>(a);
-    return cudaGetLastError();
+    // Only D = 32 ever takes two chains (tile_config.h): the other head dims instantiate one form.
+    if constexpr (D == 32) {
+      if (plan.dq_chains == 2) return launch_chains<T, BiasT, D, 2>(a, plan, stream);
+    }
+    return launch_chains<T, BiasT, D, 1>(a, plan, stream);
   }
 };
 
@@ -709,6 +740,7 @@ BwdPlan plan_for(const Dims& d) {
                           p.slice_groups));
   p.groups_per_chunk = (p.slice_groups + chunks - 1) / chunks;
   p.chunks = (p.slice_groups + p.groups_per_chunk - 1) / p.groups_per_chunk;
+  p.dq_chains = bwd_dq_chains(D, p.key_tiles);
   p.part_rows = p.key_tiles * Cfg::kBlockK;
   p.part_cols = p.query_tiles * Cfg::kBlockQ;
   return p;

@@ -18,6 +18,7 @@ struct BwdPlan {
   int chunks;            // slice chunks = dbias partials
   int groups_per_chunk;
   int part_rows, part_cols;  // N rounded up to whole key / query tiles (dbias partial rows)
+  int dq_chains;             // dQ turn chains (tile_config.h's bwd_dq_chains)
 };
 BwdPlan plan_backward(const Dims& d, int head_dim);
 

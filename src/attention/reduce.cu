@@ -40,8 +40,9 @@ __global__ void delta_kernel(const BwdArgs a) {
   a.lse_log2[i] = a.lse[i] * 1.4426950408889634f;
 }
 
-// dq = scale * dq_acc, rounded into the activation dtype; 8 elements per thread.
-template <class T, int D>
+// dq = scale * (the C chains' fp32 sums, added in chain order), rounded into the activation dtype;
+// 8 elements per thread.
+template <class T, int D, int C>
 __global__ void dq_finalize_kernel(const BwdArgs a) {
   const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -52,7 +53,14 @@ __global__ void dq_finalize_kernel(const BwdArgs a) {
   const int s = (row / (static_cast<int64_t>(a.dims.N) * a.dims.H)) % a.dims.S;
   const int b = row / (static_cast<int64_t>(a.dims.N) * a.dims.H * a.dims.S);
   const float4* src = reinterpret_cast<const float4*>(a.dq_acc + row * D + 8 * c);
-  const float4 x = src[0], y = src[1];
+  float4 x = src[0], y = src[1];
+#pragma unroll
+  for (int ch = 1; ch < C; ++ch) {
+    const float4* more = reinterpret_cast<const float4*>(a.dq_acc + ch * rows * D + row * D + 8 * c);
+    const float4 x1 = more[0], y1 = more[1];
+    x = make_float4(x.x + x1.x, x.y + x1.y, x.z + x1.z, x.w + x1.w);
+    y = make_float4(y.x + y1.x, y.y + y1.y, y.z + y1.z, y.w + y1.w);
+  }
   uint4 out;
   out.x = dev::MmaOp<T>::pack(x.x * a.scale, x.y * a.scale);
   out.y = dev::MmaOp<T>::pack(x.z * a.scale, x.w * a.scale);
@@ -103,7 +111,12 @@ template <class T, int D>
 cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
   const int64_t items = rows * (D / 8);
-  dq_finalize_kernel<T, D><<<static_cast<unsigned>((items + 255) / 256), 256, 0, stream>>>(a);
+  const unsigned blocks = static_cast<unsigned>((items + 255) / 256);
+  if (a.dq_chains == 2) {
+    dq_finalize_kernel<T, D, 2><<<blocks, 256, 0, stream>>>(a);
+  } else {
+    dq_finalize_kernel<T, D, 1><<<blocks, 256, 0, stream>>>(a);
+  }
   if (a.dbias.ptr) {
     const dim3 grid((a.dims.N + 31) / 32, (a.dims.N + 31) / 32, a.dims.B * a.dims.H);
     dbias_reduce_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(a);

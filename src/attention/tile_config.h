@@ -100,6 +100,18 @@ struct BwdConfig {
   static_assert(!kSplitRegs || (kMathRegs <= 256 && kHelperRegs >= 24), "setmaxnreg range");
 };
 
+// dQ turn chains. The key tiles of a (slice group, query tile) add their dQ parts one after
+// another, handed on by a turn counter. At D = 32 with 2 to kBwdShortChainTiles key tiles (N <= 640)
+// they do so in two interleaved chains (key tile kb in chain kb % 2, each into its own fp32
+// accumulator, summed in chain order by dq_finalize), and the dQ part buffer's rows are padded
+// against bank conflicts (BwdSmem::kDqPitch): fwd+bwd -8.5, -7.2, -6.2, -4.1% at N = 256, 384, 512,
+// 640 (perf-notes v17). At N = 768 the same costs +2.8%: there the chain's lag and the second
+// accumulator (~9 MB) meet a full L2, so longer rows of key tiles keep one chain and no padding.
+constexpr int kBwdShortChainTiles = 10;
+constexpr int bwd_dq_chains(int head_dim, int key_tiles) {
+  return head_dim == 32 && key_tiles >= 2 && key_tiles <= kBwdShortChainTiles ? 2 : 1;
+}
+
 // Blocks the backward aims to launch: 4 waves of 132 SMs bound the tail of the last wave to
 // a quarter. It fixes how slices are cut into chunks (and so the dbias partial count), so it
 // is a constant of the library, not read from the device: results stay bitwise identical on

@@ -124,6 +124,9 @@ std::vector<GpuCase> cases() {
   // (bench/results/h200/v11_iter/attention_accuracy_race.md), so that table stays part of
   // every kernel change's check (scripts/device_final_attention.sh).
   v.push_back({48, 384, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
+  // D = 32 adds dQ in two turn chains up to 10 key tiles and in one above (tile_config.h's
+  // bwd_dq_chains): 11 key tiles take the one-chain kernel with several links.
+  v.push_back({2, 650, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2});
   return v;
 }
 
