@@ -112,8 +112,9 @@ cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
   const int64_t items = rows * (D / 8);
   const unsigned blocks = static_cast<unsigned>((items + 255) / 256);
+  constexpr int kTwo = D == 32 ? 2 : 1;  // only D = 32 takes two chains (tile_config.h's bwd_dq_chains)
   if (a.dq_chains == 2) {
-    dq_finalize_kernel<T, D, 2><<<blocks, 256, 0, stream>>>(a);
+    dq_finalize_kernel<T, D, kTwo><<<blocks, 256, 0, stream>>>(a);
   } else {
     dq_finalize_kernel<T, D, 1><<<blocks, 256, 0, stream>>>(a);
   }
