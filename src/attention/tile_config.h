@@ -107,6 +107,7 @@ struct BwdConfig {
 // against bank conflicts (BwdSmem::kDqPitch): fwd+bwd -8.5, -7.2, -6.2, -4.1% at N = 256, 384, 512,
 // 640 (perf-notes v17). At N = 768 the same costs +2.8%: there the chain's lag and the second
 // accumulator (~9 MB) meet a full L2, so longer rows of key tiles keep one chain and no padding.
+// D = 16 measured within +-3% either way, so the other head dims keep one chain.
 constexpr int kBwdShortChainTiles = 10;
 constexpr int bwd_dq_chains(int head_dim, int key_tiles) {
   return head_dim == 32 && key_tiles >= 2 && key_tiles <= kBwdShortChainTiles ? 2 : 1;
