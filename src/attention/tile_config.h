@@ -108,7 +108,10 @@ struct BwdConfig {
 // 640 (perf-notes v17). At N = 768 the same costs +2.8%: there the chain's lag and the second
 // accumulator (~9 MB) meet a full L2, so longer rows of key tiles keep one chain and no padding.
 // D = 16 measured within +-3% either way, so the other head dims keep one chain.
-constexpr int kBwdShortChainTiles = 10;
+#ifndef TPF_BWD_SHORT_CHAIN_TILES  // build-time experiment knob
+#define TPF_BWD_SHORT_CHAIN_TILES 10
+#endif
+constexpr int kBwdShortChainTiles = TPF_BWD_SHORT_CHAIN_TILES;
 constexpr int bwd_dq_chains(int head_dim, int key_tiles) {
   return head_dim == 32 && key_tiles >= 2 && key_tiles <= kBwdShortChainTiles ? 2 : 1;
 }

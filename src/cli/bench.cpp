@@ -52,8 +52,9 @@ double median_ms(const std::function<void()>& fn, int warmup, int iters) {
 
 namespace {
 
-Result bench_attention(int N, int D, int H, int S, bool compensate, bool dbias_on, int iters) {
-  harness::DeviceAttention p(S, H, N, D, /*seed=*/1, 0.8, compensate, dbias_on);
+Result bench_attention(int N, int D, int H, int S, bool compensate, bool dbias_on, int iters,
+                       DType dtype, DType bias_dtype) {
+  harness::DeviceAttention p(S, H, N, D, /*seed=*/1, 0.8, compensate, dbias_on, dtype, bias_dtype);
   const int64_t x = int64_t{S} * H * N * D;
   const size_t ws_bytes = p.workspace_bytes;
   const double fwd = median_ms([&] { p.forward(); }, 3, iters);
@@ -143,17 +144,29 @@ int bench_trimul_cmd(const Args& args) {
 int cmd_bench(const Args& args) {
   if (print_help(args,
                  "usage: tpf bench [--op attention] [--n 384,640,768] [--d 16,32] [--heads 4] [--iters 20]\n"
-                 "                 [--no-compensate] [--no-dbias] [--json]\n"
+                 "                 [--dtype bf16|fp16] [--bias-dtype same|fp32] [--no-compensate] [--no-dbias]\n"
+                 "                 [--json]\n"
                  "       tpf bench --op trimul [--n 384,768,1024] [--c 128] [--ch 128]\n"
                  "                 [--direction outgoing|incoming] [--iters 20] [--json]\n\n"
-                 "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs, 20% of\n"
-                 "keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
+                 "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs and bias\n"
+                 "unless --dtype / --bias-dtype say otherwise, 20% of keys masked): median of --iters CUDA-event-timed calls after 3 warm-up calls. Prints\n"
                  "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
                  "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). With --op\n"
                  "trimul: the triangle multiplicative update (B=1, bf16, every bias), ms and TFLOP/s\n"
                  "(forward: 2N^2 C(4Ch+C) + 2N^3 Ch + 2N^2 Ch C; forward+backward counted as 3x).\n"
                  "Needs a GPU."))
     return 0;
+  // The arguments first, so that a mistyped one is reported on any machine.
+  const std::string dtype_name = option(args, "--dtype", "bf16");
+  const std::string bias_name = option(args, "--bias-dtype", "same");
+  if ((dtype_name != "bf16" && dtype_name != "fp16") || (bias_name != "same" && bias_name != "fp32")) {
+    std::fprintf(stderr, "tpf bench: --dtype takes bf16 or fp16, --bias-dtype same or fp32 (got %s, %s)\n",
+                 dtype_name.c_str(), bias_name.c_str());
+    return 2;
+  }
+  const DType dtype = dtype_name == "fp16" ? DType::kFP16 : DType::kBF16;
+  const DType bias_dtype = bias_name == "fp32" ? DType::kFP32 : dtype;
+  const std::string bias_label = bias_name == "fp32" ? "fp32" : dtype_name;
   if (!require_gpu("tpf bench")) return 1;
   if (option(args, "--op", "attention") == "trimul") return bench_trimul_cmd(args);
   const auto Ns = int_list(option(args, "--n", "384,640,768"));
@@ -165,15 +178,15 @@ int cmd_bench(const Args& args) {
   std::vector<Result> rs;
   for (int D : Ds)
     for (int N : Ns) {
-      rs.push_back(bench_attention(N, D, H, N, comp, dbias_on, iters));
+      rs.push_back(bench_attention(N, D, H, N, comp, dbias_on, iters, dtype, bias_dtype));
       if (!has_flag(args, "--json"))
         std::fprintf(stderr, "  done N=%d D=%d\n", N, D);
     }
   if (has_flag(args, "--json")) {
-    std::printf("{\"gpu\": \"%s\", \"op\": \"triangle_attention\", \"B\": 1, \"H\": %d, \"dtype\": \"bf16\", "
-                "\"compensate\": %s, \"dbias\": %s, \"iters\": %d, \"results\": [\n",
-                json_escape(gpu_name()).c_str(), H, comp ? "true" : "false",
-                dbias_on ? "true" : "false", iters);
+    std::printf("{\"gpu\": \"%s\", \"op\": \"triangle_attention\", \"B\": 1, \"H\": %d, \"dtype\": \"%s\", "
+                "\"bias_dtype\": \"%s\", \"compensate\": %s, \"dbias\": %s, \"iters\": %d, \"results\": [\n",
+                json_escape(gpu_name()).c_str(), H, dtype_name.c_str(), bias_label.c_str(),
+                comp ? "true" : "false", dbias_on ? "true" : "false", iters);
     for (size_t i = 0; i < rs.size(); ++i) {
       const auto& r = rs[i];
       std::printf("  {\"N\": %d, \"S\": %d, \"D\": %d, \"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
@@ -184,8 +197,9 @@ int cmd_bench(const Args& args) {
     }
     std::puts("]}");
   } else {
-    std::printf("triangle attention on %s, B=1 H=%d S=N bf16, 20%% keys masked, compensate=%s, "
-                "dbias=%s\n", gpu_name().c_str(), H, comp ? "on" : "off", dbias_on ? "on" : "off");
+    std::printf("triangle attention on %s, B=1 H=%d S=N %s, bias %s, 20%% keys masked, compensate=%s, "
+                "dbias=%s\n", gpu_name().c_str(), H, dtype_name.c_str(), bias_label.c_str(),
+                comp ? "on" : "off", dbias_on ? "on" : "off");
     std::printf("%6s %4s %10s %9s %8s %12s %9s %8s %10s\n", "N", "D", "fwd ms", "TFLOP/s",
                 "exp-fl", "fwd+bwd ms", "TFLOP/s", "exp-fl", "ws MiB");
     for (const auto& r : rs)
