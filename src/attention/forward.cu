@@ -20,16 +20,18 @@ namespace tpf::attn {
 namespace {
 
 template <class BiasT, int D>
-using FwdBias = BiasTile<BiasT, FwdConfig<D>::kBlockQ, FwdConfig<D>::kBlockK>;
+using FwdCfg = FwdConfig<D, sizeof(BiasT)>;
+template <class BiasT, int D>
+using FwdBias = BiasTile<BiasT, FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK>;
 
 // The key mask of a tile, 0 or -inf per key as fp32: the initial value of the score
 // accumulators, to which QK^T is added (exact, and no instruction per score: an m16n8k8 MMA per
 // n-tile added it before). Stored in the order a lane reads it: the lanes with t = lane % 4 hold
 // keys 8 nt + 2 t, +1 of every n-tile nt, which are the float pairs [kRow t + 2 nt]; rows are
 // padded by a pair so that the four t fall in different banks.
-template <int D>
+template <int BK>
 struct FwdMask {
-  static constexpr int kTiles = FwdConfig<D>::kBlockK / 8;
+  static constexpr int kTiles = BK / 8;
   static constexpr int kRow = 2 * kTiles + 2;
   static constexpr int kFloats = 4 * kRow;
   __device__ __forceinline__ static int slot(int key) { return (key % 8 / 2) * kRow + key / 8 * 2 + key % 2; }
@@ -39,9 +41,9 @@ struct FwdMask {
 // K and V are read once per warpgroup instead of once per warp by ldmatrix (a third of the
 // tile's shared-memory traffic each), and 128 ldmatrix + HMMA issue slots per warp and tile
 // go. The shapes the wrappers in common/wgmma.cuh cover: D = 32 with 128- or 64-key tiles.
-template <int D>
+template <class BiasT, int D>
 constexpr bool fwd_wgmma() {
-  return D == 32 && (FwdConfig<D>::kBlockK == 128 || FwdConfig<D>::kBlockK == 64);
+  return D == 32 && (FwdCfg<BiasT, D>::kBlockK == 128 || FwdCfg<BiasT, D>::kBlockK == 64);
 }
 
 // TMA tile loads (wgmma shapes with a 16-bit bias, whose strides the hardware accepts: the
@@ -54,19 +56,19 @@ struct FwdMaps {  // CUtensorMap is 64-byte aligned itself
 };
 template <class BiasT, int D>
 constexpr bool fwd_tma_able() {
-  return fwd_wgmma<D>() && sizeof(BiasT) == 2;
+  return fwd_wgmma<BiasT, D>() && sizeof(BiasT) == 2;
 }
 
 template <class BiasT, int D, bool kTma>
 constexpr size_t fwd_smem_bytes() {
-  using Cfg = FwdConfig<D>;
+  using Cfg = FwdCfg<BiasT, D>;
   // sQ [BQ][D] + sK, sV [stages][BK][D] + bias tiles [stages][BQ][BK] (bias dtype: padded rows,
   // or BiasSwz128 with TMA) + key mask [stages][FwdMask] (fp32) + TMA: 2 mbarriers; with wgmma,
   // room to start the tiles on the 64-byte swizzle's 512-byte period (TMA: the 128-byte
   // swizzle's 1024).
   constexpr size_t bias = kTma ? BiasSwz128<Cfg::kBlockQ, Cfg::kBlockK>::kBytes : FwdBias<BiasT, D>::kBytes;
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 + Cfg::kStages * bias +
-         Cfg::kStages * FwdMask<D>::kFloats * 4 + (kTma ? 16 + 1024 : fwd_wgmma<D>() ? 512 : 0);
+         Cfg::kStages * FwdMask<Cfg::kBlockK>::kFloats * 4 + (kTma ? 16 + 1024 : fwd_wgmma<BiasT, D>() ? 512 : 0);
 }
 
 // Launch-bounds hint: the configured one, else 0 (the compiler's choice, which stays within the
@@ -75,13 +77,13 @@ constexpr size_t fwd_smem_bytes() {
 template <class BiasT, int D, bool kTma>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D, kTma>());
-  return FwdConfig<D>::kMinBlocks != 0 ? FwdConfig<D>::kMinBlocks : (by_smem >= 3 ? 0 : by_smem);
+  return FwdCfg<BiasT, D>::kMinBlocks != 0 ? FwdCfg<BiasT, D>::kMinBlocks : (by_smem >= 3 ? 0 : by_smem);
 }
 
 template <class T, class BiasT, int D, bool kTma>
-__global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT, D, kTma>()))
+__global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<BiasT, D, kTma>()))
     forward_kernel(const FwdArgs a, const __grid_constant__ FwdMaps maps) {
-  using Cfg = FwdConfig<D>;
+  using Cfg = FwdCfg<BiasT, D>;
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
   constexpr float kLog2e = 1.4426950408889634f;
   using Mma = dev::MmaOp<T>;
@@ -90,14 +92,14 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
   // scale (QK^T + bias / scale) and need no instruction of their own before the max (two FFMAs
   // and a 16-bit unpack per score before). fp32 bias: s = scale QK^T + bias per score.
   constexpr bool kBiasMma = sizeof(BiasT) == 2;
-  constexpr bool kWgmma = fwd_wgmma<D>();
+  constexpr bool kWgmma = fwd_wgmma<BiasT, D>();
   extern __shared__ __align__(128) uint8_t smem_raw[];
   constexpr uint32_t kAlign = kTma ? 1024 : kWgmma ? 512 : 1;
   uint8_t* smem = smem_raw + ((kAlign - (dev::smem_addr(smem_raw) & (kAlign - 1))) & (kAlign - 1));
   T* sQ = reinterpret_cast<T*>(smem);               // [BQ][D]
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
-  using Mask = FwdMask<D>;
+  using Mask = FwdMask<BK>;
   using BiasTma = BiasSwz128<BQ, BK>;
   constexpr int kBiasBytes = kTma ? BiasTma::kBytes : Bias::kBytes;               // a stage
   uint8_t* sBias = reinterpret_cast<uint8_t*>(sV + Cfg::kStages * BK * D);         // [stages] bias tiles
@@ -455,9 +457,9 @@ __global__ void __launch_bounds__(FwdConfig<D>::kThreads, (fwd_min_blocks<BiasT,
 }
 
 // The TMA maps of a call (attention/tma_maps.h), or false where the kernel loads with cp.async.
-template <class T, int D>
+template <class T, class BiasT, int D>
 bool encode_fwd_maps(const FwdArgs& a, FwdMaps* maps) {
-  using Cfg = FwdConfig<D>;
+  using Cfg = FwdCfg<BiasT, D>;
   constexpr bool kFp16 = std::is_same_v<T, __half>;
   return tma_slice_rows(&maps->q, a.q, a.dims, D, kFp16, Cfg::kBlockQ) &&
          tma_slice_rows(&maps->k, a.k, a.dims, D, kFp16, Cfg::kBlockK) &&
@@ -469,7 +471,7 @@ template <class T, class BiasT, int D>
 struct LaunchForward {
   template <bool kTma>
   static cudaError_t launch(const FwdArgs& a, const FwdMaps& maps, cudaStream_t stream) {
-    using Cfg = FwdConfig<D>;
+    using Cfg = FwdCfg<BiasT, D>;
     constexpr size_t smem = fwd_smem_bytes<BiasT, D, kTma>();
     auto kernel = forward_kernel<T, BiasT, D, kTma>;
     if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;
@@ -480,7 +482,7 @@ struct LaunchForward {
   static cudaError_t run(const FwdArgs& a, cudaStream_t stream) {
     FwdMaps maps{};  // unused by the cp.async kernels
     if constexpr (fwd_tma_able<BiasT, D>()) {
-      if (encode_fwd_maps<T, D>(a, &maps)) return launch<true>(a, maps, stream);
+      if (encode_fwd_maps<T, BiasT, D>(a, &maps)) return launch<true>(a, maps, stream);
     }
     return launch<false>(a, maps, stream);
   }

@@ -9,9 +9,15 @@ namespace tpf::attn {
 // per thread: 1.70 vs 1.81 ms at N = 768 (perf-notes v6), and with the bias MMA 1.53 vs 1.56
 // against 64 columns at 4 blocks/SM (v11). At D = 16 the 64-column tile at 4 blocks/SM (128
 // registers, 16 warps) wins since the bias MMA: 1.24 vs 1.27 ms (v11). At D >= 64, 64 columns
-// keep S at 32 registers next to the larger O accumulator.
+// keep S at 32 registers next to the larger O accumulator. An fp32 bias at D = 32 takes 64
+// columns: its 128-column tiles (32 KB a stage) leave room for 2 blocks/SM only, and 64 columns
+// measured 1.81 against 2.32 ms at N = 768 (-22%; 16-bit bias 1.21 vs 1.15, so it keeps 128;
+// perf-notes v18).
 #ifndef TPF_FWD_BLOCK_K_D32  // build-time experiment knobs (see docs/perf-notes.md)
 #define TPF_FWD_BLOCK_K_D32 128
+#endif
+#ifndef TPF_FWD_BLOCK_K_D32_FP32_BIAS
+#define TPF_FWD_BLOCK_K_D32_FP32_BIAS 64
 #endif
 #ifndef TPF_FWD_MIN_BLOCKS_D32  // resident blocks per SM the register budget must allow (0: the
 #define TPF_FWD_MIN_BLOCKS_D32 0  // compiler's choice)
@@ -22,12 +28,15 @@ namespace tpf::attn {
 #ifndef TPF_FWD_MIN_BLOCKS_D16
 #define TPF_FWD_MIN_BLOCKS_D16 4
 #endif
-template <int D>
+// kBiasBytes: the bias element's size (2: the activations' dtype, 4: fp32).
+template <int D, int kBiasBytes>
 struct FwdConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockQ = 16 * kWarps;  // 64
-  static constexpr int kBlockK = D == 16 ? TPF_FWD_BLOCK_K_D16 : D == 32 ? TPF_FWD_BLOCK_K_D32 : 64;
+  static constexpr int kBlockK = D == 16   ? TPF_FWD_BLOCK_K_D16
+                                 : D == 32 ? (kBiasBytes == 4 ? TPF_FWD_BLOCK_K_D32_FP32_BIAS : TPF_FWD_BLOCK_K_D32)
+                                           : 64;
   static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
   static constexpr int kMinBlocks = D == 16 ? TPF_FWD_MIN_BLOCKS_D16 : D == 32 ? TPF_FWD_MIN_BLOCKS_D32 : 0;
 };

@@ -127,6 +127,9 @@ std::vector<GpuCase> cases() {
   // D = 32 adds dQ in two turn chains up to 10 key tiles and in one above (tile_config.h's
   // bwd_dq_chains): 11 key tiles take the one-chain kernel with several links.
   v.push_back({2, 650, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2});
+  // An fp32 bias at D = 32 takes 64-key forward tiles (tile_config.h): fp16, strided, masked rows,
+  // a partial last tile.
+  v.push_back({3, 200, 32, DType::kFP16, DType::kFP32, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
   return v;
 }
 
