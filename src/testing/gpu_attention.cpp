@@ -65,7 +65,7 @@ GpuRunResult run_attention_gpu(test::AttnProblem& p, const GpuRunOptions& opt) {
     b.dq = dq.view;
     b.dk = dk.view;
     b.dv = dv.view;
-    b.dbias = dbias.view;
+    if (opt.dbias) b.dbias = dbias.view;
     r.status = attention_backward_workspace_size(b, &ws_bytes);
     if (!r.status.ok()) return r;
     DeviceBuffer ws(ws_bytes);

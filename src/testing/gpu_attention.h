@@ -14,6 +14,7 @@ struct GpuRunOptions {
   bool backward = true;
   bool compensate = true;
   int repeats = 1;  // forward and backward calls; results of all calls must be bitwise identical
+  bool dbias = true;  // false: the backward is not asked for dbias (the problem's dbias untouched)
 };
 
 struct GpuRunResult {
