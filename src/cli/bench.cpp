@@ -150,11 +150,11 @@ int cmd_bench(const Args& args) {
                  "                 [--direction outgoing|incoming] [--iters 20] [--json]\n\n"
                  "Times triangle attention forward and forward+backward (B=1, S=N, bf16 inputs and bias\n"
                  "unless --dtype / --bias-dtype say otherwise, 20% of keys masked): median of --iters\n"
-                 "CUDA-event-timed calls after 3 warm-up calls. Prints\n"
-                 "ms, TFLOP/s (4 S H N^2 D forward, 14 S H N^2 D forward+backward) and the fraction of\n"
-                 "the exponential-unit floor (S H N^2 exponentials per pass at 4.16e12/s). With --op\n"
-                 "trimul: the triangle multiplicative update (B=1, bf16, every bias), ms and TFLOP/s\n"
-                 "(forward: 2N^2 C(4Ch+C) + 2N^3 Ch + 2N^2 Ch C; forward+backward counted as 3x).\n"
+                 "CUDA-event-timed calls after 3 warm-up calls. Prints ms, TFLOP/s (4 S H N^2 D forward,\n"
+                 "14 S H N^2 D forward+backward) and the fraction of the exponential-unit floor (S H N^2\n"
+                 "exponentials per pass at 4.16e12/s). With --op trimul: the triangle multiplicative\n"
+                 "update (B=1, bf16, every bias), ms and TFLOP/s (forward: 2N^2 C(4Ch+C) + 2N^3 Ch +\n"
+                 "2N^2 Ch C; forward+backward counted as 3x).\n"
                  "Needs a GPU."))
     return 0;
   // The arguments first, so that a mistyped one is reported on any machine.
