@@ -24,10 +24,9 @@ struct DeviceAttention {
                   DType bias_dtype = DType::kBF16)
       : S(S_), H(H_), N(N_), D(D_) {
     const int64_t x = int64_t{S} * H * N * D, plane = int64_t{H} * N * N;
-    const int64_t bias_size = bias_dtype == DType::kFP32 ? 4 : 2;
-    for (DeviceBuffer* b : {&q, &k, &v, &dout, &out, &res, &dq, &dk, &dv}) *b = DeviceBuffer(x * 2);
-    bias = DeviceBuffer(plane * bias_size);
-    dbias = DeviceBuffer(plane * bias_size);
+    for (DeviceBuffer* b : {&q, &k, &v, &dout, &out, &res, &dq, &dk, &dv}) *b = DeviceBuffer(x * dtype_size(dtype));
+    bias = DeviceBuffer(plane * dtype_size(bias_dtype));
+    dbias = DeviceBuffer(plane * dtype_size(bias_dtype));
     mask = DeviceBuffer(int64_t{S} * N);
     lse = DeviceBuffer(int64_t{S} * H * N * 4);
     for (DeviceBuffer* b : {&q, &k, &v, &dout})
