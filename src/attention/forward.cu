@@ -46,18 +46,21 @@ constexpr bool fwd_wgmma() {
   return D == 32 && (FwdCfg<BiasT, D>::kBlockK == 128 || FwdCfg<BiasT, D>::kBlockK == 64);
 }
 
-// TMA tile loads (wgmma shapes with a 16-bit bias, whose strides the hardware accepts: the
-// launch checks): one thread issues the tile copies of a key tile, which complete on an
-// mbarrier, instead of every thread issuing cp.async chunks with their address arithmetic
-// (~150 of ~730 instructions per warp and tile, perf-notes v14). Q, K, V: 64-byte swizzle,
-// the layout the wgmma descriptors read; bias: 128-byte swizzle in 64-key parts (BiasSwz128).
+// TMA tile loads (wgmma shapes, where the strides are ones the hardware accepts: the launch
+// checks): one thread issues the tile copies of a key tile, which complete on an mbarrier,
+// instead of every thread issuing cp.async chunks with their address arithmetic (~150 of ~730
+// instructions per warp and tile, perf-notes v14; an fp32 bias since v19). Q, K, V: 64-byte
+// swizzle, the layout the wgmma descriptors read; bias: 128-byte swizzle in parts of 128 bytes
+// of keys (BiasSwz128).
 struct FwdMaps {  // CUtensorMap is 64-byte aligned itself
   CUtensorMap q, k, v, bias;
 };
 template <class BiasT, int D>
 constexpr bool fwd_tma_able() {
-  return fwd_wgmma<BiasT, D>() && sizeof(BiasT) == 2;
+  return fwd_wgmma<BiasT, D>();
 }
+template <class BiasT, int D>
+using FwdBiasTma = BiasSwz128<FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK, sizeof(BiasT)>;
 
 template <class BiasT, int D, bool kTma>
 constexpr size_t fwd_smem_bytes() {
@@ -66,7 +69,7 @@ constexpr size_t fwd_smem_bytes() {
   // or BiasSwz128 with TMA) + key mask [stages][FwdMask] (fp32) + TMA: 2 mbarriers; with wgmma,
   // room to start the tiles on the 64-byte swizzle's 512-byte period (TMA: the 128-byte
   // swizzle's 1024).
-  constexpr size_t bias = kTma ? BiasSwz128<Cfg::kBlockQ, Cfg::kBlockK>::kBytes : FwdBias<BiasT, D>::kBytes;
+  constexpr size_t bias = kTma ? FwdBiasTma<BiasT, D>::kBytes : FwdBias<BiasT, D>::kBytes;
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 + Cfg::kStages * bias +
          Cfg::kStages * FwdMask<Cfg::kBlockK>::kFloats * 4 + (kTma ? 16 + 1024 : fwd_wgmma<BiasT, D>() ? 512 : 0);
 }
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<Bi
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
   using Mask = FwdMask<BK>;
-  using BiasTma = BiasSwz128<BQ, BK>;
+  using BiasTma = FwdBiasTma<BiasT, D>;
   constexpr int kBiasBytes = kTma ? BiasTma::kBytes : Bias::kBytes;               // a stage
   uint8_t* sBias = reinterpret_cast<uint8_t*>(sV + Cfg::kStages * BK * D);         // [stages] bias tiles
   float* sMask = reinterpret_cast<float*>(sBias + Cfg::kStages * kBiasBytes);      // [stages][Mask]
@@ -144,9 +147,9 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<Bi
       const int st = batch % Cfg::kStages;
       dev::tma_load_5d(dev::smem_addr(sK + st * BK * D), &maps.k, bar(batch), 0, batch * BK, h, s, b);
 #pragma unroll
-      for (int part = 0; part < BK / 64; ++part)
+      for (int part = 0; part < BK / BiasTma::kPartKeys; ++part)
         dev::tma_load_4d(dev::smem_addr(sBias + st * kBiasBytes + part * BiasTma::kPartBytes), &maps.bias,
-                         bar(batch), batch * BK + part * 64, q0, h, b);
+                         bar(batch), batch * BK + part * BiasTma::kPartKeys, q0, h, b);
     }
     if (batch > 0)
       dev::tma_load_5d(dev::smem_addr(sV + ((batch - 1) % Cfg::kStages) * BK * D), &maps.v, bar(batch), 0,
@@ -340,7 +343,13 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<Bi
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float2 bias = bias_pair_at<BiasT, BQ, BK>(tBias, warp * 16 + g + 8 * r, nt * 8 + 2 * t);
+          const int bias_row = warp * 16 + g + 8 * r, bias_key = nt * 8 + 2 * t;
+          float2 bias;
+          if constexpr (kTma) {
+            bias = *reinterpret_cast<const float2*>(tBias + BiasTma::pair_offset(bias_row, bias_key));
+          } else {
+            bias = bias_pair_at<BiasT, BQ, BK>(tBias, bias_row, bias_key);
+          }
           sc[nt][2 * r] = fmaf(sc[nt][2 * r], a.scale, bias.x);
           sc[nt][2 * r + 1] = fmaf(sc[nt][2 * r + 1], a.scale, bias.y);
         }

@@ -153,22 +153,31 @@ struct BiasDupA {
   __device__ __forceinline__ static void load(uint32_t (&a)[4], uint32_t addr) { dev::ldmatrix_x4(a, addr); }
 };
 
-// A 16-bit bias tile as TMA writes it with the 128-byte swizzle: COLS / 64 parts of 64 keys,
-// each [ROWS][128 bytes] with 16-byte chunk c of row r at chunk c ^ (r % 8) (the pattern's
-// 1024-byte period: parts start on it), so rows need no padding against bank conflicts. Its
-// 16 x 8 blocks load as BiasDupA's: the lane's row as there, the chunk XORed with row % 8, which
-// is lane % 8 for blocks starting on a multiple of 8 rows.
-template <int ROWS, int COLS>
+// A bias tile as TMA writes it with the 128-byte swizzle: parts of 128 bytes of keys (64 keys
+// of a 16-bit bias, 32 of an fp32 one), each [ROWS][128 bytes] with 16-byte chunk c of row r at
+// chunk c ^ (r % 8) (the pattern's 1024-byte period: parts start on it), so rows need no padding
+// against bank conflicts. A 16-bit tile's 16 x 8 blocks load as BiasDupA's: the lane's row as
+// there, the chunk XORed with row % 8, which is lane % 8 for blocks starting on a multiple of 8
+// rows. An fp32 tile is read as key pairs (pair_offset).
+template <int ROWS, int COLS, int kElemBytes = 2>
 struct BiasSwz128 {
+  static constexpr int kPartKeys = 128 / kElemBytes;
   static constexpr int kPartBytes = ROWS * 128;
-  static constexpr int kBytes = COLS / 64 * kPartBytes;
-  static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "whole 64-key parts of whole swizzle periods");
+  static constexpr int kBytes = COLS / kPartKeys * kPartBytes;
+  static_assert(COLS % kPartKeys == 0 && ROWS % 8 == 0, "whole 128-byte parts of whole swizzle periods");
   __device__ __forceinline__ static uint32_t row_offset(int row0, int lane) {
     return (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * 128;
   }
-  // Keys 8 nt .. 8 nt + 7 of the lane's row, for xor = (lane % 8) * 16.
+  // 16-bit: keys 8 nt .. 8 nt + 7 of the lane's row, for xor = (lane % 8) * 16.
   __device__ __forceinline__ static uint32_t chunk_offset(int nt, uint32_t xor_bytes) {
+    static_assert(kElemBytes == 2, "an n8 block is one 16-byte chunk");
     return (nt / 8) * kPartBytes + (((nt % 8) * 16) ^ xor_bytes);
+  }
+  // fp32: keys c, c + 1 (c even) of row r.
+  __device__ __forceinline__ static uint32_t pair_offset(int r, int c) {
+    static_assert(kElemBytes == 4, "fp32 pairs");
+    const int part = c / kPartKeys, in_part = c % kPartKeys;
+    return part * kPartBytes + r * 128 + (((in_part / 4) ^ (r % 8)) * 16) + (in_part % 4) * 4;
   }
 };
 

@@ -32,16 +32,18 @@ bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool
 }
 
 bool tma_bias_tiles(CUtensorMap* map, const BiasRef& bias, const Dims& d, bool fp16, int rows) {
-  if (disabled() || bias.fp32 || !bias.vec16 || bias.sk != 1) return false;
+  if (disabled() || !bias.vec16 || bias.sk != 1) return false;
+  const int elem_bytes = bias.fp32 ? 4 : 2;
   detail::TmaTile t;
   t.rank = 4;
   const int64_t dims[4] = {d.N, d.N, d.H, d.B};
   const int64_t strides[3] = {bias.sq, bias.sh, bias.sb};
   for (int i = 0; i < 4; ++i) t.dims[i] = static_cast<uint64_t>(dims[i]);
-  for (int i = 0; i < 3; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 2);
-  const uint32_t box[4] = {64, static_cast<uint32_t>(rows), 1, 1};
+  for (int i = 0; i < 3; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], elem_bytes);
+  const uint32_t box[4] = {static_cast<uint32_t>(128 / elem_bytes), static_cast<uint32_t>(rows), 1, 1};
   for (int i = 0; i < 4; ++i) t.box[i] = box[i];
-  return detail::encode_tma(map, bias.ptr, type16(fp16), t, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMapDataType type = bias.fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : type16(fp16);
+  return detail::encode_tma(map, bias.ptr, type, t, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace tpf::attn

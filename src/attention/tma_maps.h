@@ -10,8 +10,8 @@ namespace tpf::attn {
 // Tiles of `rows` rows x D of one slice of a [B,S,H,N,D] tensor (16-bit), box (D, rows, 1, 1, 1)
 // in the 64-byte swizzle (rows of D = 32 elements), coordinates (0, row, h, s, b).
 bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows);
-// 64-key x `rows`-query tiles of a 16-bit bias with key stride 1, box (64, rows, 1, 1) in the
-// 128-byte swizzle, coordinates (key, query, h, b).
+// 128-byte x `rows`-query tiles of a bias with key stride 1 (64 keys of a 16-bit bias, 32 of an
+// fp32 one), box (keys, rows, 1, 1) in the 128-byte swizzle, coordinates (key, query, h, b).
 bool tma_bias_tiles(CUtensorMap* map, const BiasRef& bias, const Dims& d, bool fp16, int rows);
 
 }  // namespace tpf::attn

@@ -139,6 +139,12 @@ std::vector<GpuCase> cases() {
   // An fp32 bias at D = 32 takes 64-key forward tiles (tile_config.h): fp16, strided, masked rows,
   // a partial last tile.
   v.push_back({3, 200, 32, DType::kFP16, DType::kFP32, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
+  // ... and loads it by TMA where its rows are 16-byte aligned (N a multiple of 4; the sweep's
+  // N = 64, 100, 384 and the case above): boxes past N (N = 8), the same shape through cp.async,
+  // and enough blocks to fill the GPU, forward outputs compared bytewise over three calls.
+  v.push_back({3, 8, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous});
+  v.push_back({4, 96, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
+  v.push_back({24, 384, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 3});
   return v;
 }
 
