@@ -46,18 +46,19 @@ constexpr bool fwd_wgmma() {
   return D == 32 && (FwdCfg<BiasT, D>::kBlockK == 128 || FwdCfg<BiasT, D>::kBlockK == 64);
 }
 
-// TMA tile loads (wgmma shapes, where the strides are ones the hardware accepts: the launch
+// TMA tile loads (D = 16 and 32, where the strides are ones the hardware accepts: the launch
 // checks): one thread issues the tile copies of a key tile, which complete on an mbarrier,
 // instead of every thread issuing cp.async chunks with their address arithmetic (~150 of ~730
-// instructions per warp and tile, perf-notes v14; an fp32 bias since v19). Q, K, V: 64-byte
-// swizzle, the layout the wgmma descriptors read; bias: 128-byte swizzle in parts of 128 bytes
-// of keys (BiasSwz128).
+// instructions per warp and tile, perf-notes v14; an fp32 bias and D = 16 since v19). Q, K, V:
+// 64-byte swizzle at D = 32, the layout the wgmma descriptors read, 32-byte at D = 16 (both
+// common/swizzle.cuh's layout, which the ldmatrix reads assume); bias: 128-byte swizzle in parts
+// of 128 bytes of keys (BiasSwz128).
 struct FwdMaps {  // CUtensorMap is 64-byte aligned itself
   CUtensorMap q, k, v, bias;
 };
 template <class BiasT, int D>
 constexpr bool fwd_tma_able() {
-  return fwd_wgmma<BiasT, D>();
+  return fwd_wgmma<BiasT, D>() || D == 16;
 }
 template <class BiasT, int D>
 using FwdBiasTma = BiasSwz128<FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK, sizeof(BiasT)>;
@@ -137,10 +138,15 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<Bi
   };
   const int n_tiles = (N + BK - 1) / BK;
   // TMA, thread 0: the copies tile `batch` waits for (see bar); the coordinates are innermost
-  // first: (d, row, h, s, b) and (key, query, h, b).
+  // first: (d, row, h, s, b) and (key, query, h, b). wgmma reads V a tile late (see the loop), so
+  // its batch carries the previous tile's V; mma.sync reads V of the tile itself.
   auto issue_batch = [&](int batch) {
     constexpr uint32_t kKV = BK * D * 2, kBias = BiasTma::kBytes, kQ = BQ * D * 2;
-    const uint32_t bytes = (batch < n_tiles ? kKV + kBias : 0) + (batch > 0 ? kKV : 0) + (batch == 0 ? kQ : 0);
+    if constexpr (!kWgmma) {
+      if (batch >= n_tiles) return;  // nothing left (the loop's last call)
+    }
+    const bool with_v = !kWgmma || batch > 0;
+    const uint32_t bytes = (batch < n_tiles ? kKV + kBias : 0) + (with_v ? kKV : 0) + (batch == 0 ? kQ : 0);
     dev::mbar_arrive_expect_tx(bar(batch), bytes);
     if (batch == 0) dev::tma_load_5d(dev::smem_addr(sQ), &maps.q, bar(0), 0, q0, h, s, b);
     if (batch < n_tiles) {
@@ -151,9 +157,11 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<Bi
         dev::tma_load_4d(dev::smem_addr(sBias + st * kBiasBytes + part * BiasTma::kPartBytes), &maps.bias,
                          bar(batch), batch * BK + part * BiasTma::kPartKeys, q0, h, b);
     }
-    if (batch > 0)
-      dev::tma_load_5d(dev::smem_addr(sV + ((batch - 1) % Cfg::kStages) * BK * D), &maps.v, bar(batch), 0,
-                       (batch - 1) * BK, h, s, b);
+    if (with_v) {
+      const int v_tile = kWgmma ? batch - 1 : batch;
+      dev::tma_load_5d(dev::smem_addr(sV + (v_tile % Cfg::kStages) * BK * D), &maps.v, bar(batch), 0,
+                       v_tile * BK, h, s, b);
+    }
   };
   // Key mask of the tiles in order for thread tid < BK: the raw byte (0 = masked; keys past N
   // read as 0), loaded two tiles ahead into a register and turned into 0 / -inf only when stored

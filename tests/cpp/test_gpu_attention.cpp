@@ -145,6 +145,13 @@ std::vector<GpuCase> cases() {
   v.push_back({3, 8, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
   v.push_back({24, 384, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 3});
+  // The D = 16 forward loads by TMA too (32-byte swizzle, V of the tile itself): boxes past N,
+  // strided views, an fp32 bias, the same shape through cp.async, and a full GPU three times.
+  v.push_back({3, 8, 16, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous});
+  v.push_back({4, 96, 16, DType::kBF16, DType::kBF16, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
+  v.push_back({4, 96, 16, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous});
+  v.push_back({4, 96, 16, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
+  v.push_back({24, 384, 16, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
   return v;
 }
 
