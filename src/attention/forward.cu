@@ -46,19 +46,20 @@ constexpr bool fwd_wgmma() {
   return D == 32 && (FwdCfg<BiasT, D>::kBlockK == 128 || FwdCfg<BiasT, D>::kBlockK == 64);
 }
 
-// TMA tile loads (D = 16 and 32, where the strides are ones the hardware accepts: the launch
+// TMA tile loads (D = 16, 32 and 64, where the strides are ones the hardware accepts: the launch
 // checks): one thread issues the tile copies of a key tile, which complete on an mbarrier,
 // instead of every thread issuing cp.async chunks with their address arithmetic (~150 of ~730
-// instructions per warp and tile, perf-notes v14; an fp32 bias and D = 16 since v19). Q, K, V:
-// 64-byte swizzle at D = 32, the layout the wgmma descriptors read, 32-byte at D = 16 (both
-// common/swizzle.cuh's layout, which the ldmatrix reads assume); bias: 128-byte swizzle in parts
-// of 128 bytes of keys (BiasSwz128).
+// instructions per warp and tile, perf-notes v14; an fp32 bias, D = 16 and 64 since v19). Q, K,
+// V: rows of D elements in the 32-, 64- or 128-byte swizzle, which is common/swizzle.cuh's
+// layout (the ldmatrix reads) and at D = 32 the one the wgmma descriptors read; bias: 128-byte
+// swizzle in parts of 128 bytes of keys (BiasSwz128). D = 128's 256-byte rows would need two
+// boxes a row and another layout.
 struct FwdMaps {  // CUtensorMap is 64-byte aligned itself
   CUtensorMap q, k, v, bias;
 };
 template <class BiasT, int D>
 constexpr bool fwd_tma_able() {
-  return fwd_wgmma<BiasT, D>() || D == 16;
+  return fwd_wgmma<BiasT, D>() || D == 16 || D == 64;
 }
 template <class BiasT, int D>
 using FwdBiasTma = BiasSwz128<FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK, sizeof(BiasT)>;
@@ -77,11 +78,14 @@ constexpr size_t fwd_smem_bytes() {
 
 // Launch-bounds hint: the configured one, else 0 (the compiler's choice, which stays within the
 // 168 registers of 3 blocks/SM at D = 32 and 64) where shared memory allows 3 blocks, else the
-// blocks it allows (fp32 bias tiles: 2, so up to 255 registers instead of spills at 168).
+// blocks it allows (fp32 bias tiles: 2, so up to 255 registers instead of spills at 168). The
+// D = 64 TMA kernel with an fp32 bias would take 174 registers, 2 blocks/SM: it is held to 3
+// (168 registers, no spills).
 template <class BiasT, int D, bool kTma>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D, kTma>());
-  return FwdCfg<BiasT, D>::kMinBlocks != 0 ? FwdCfg<BiasT, D>::kMinBlocks : (by_smem >= 3 ? 0 : by_smem);
+  return FwdCfg<BiasT, D>::kMinBlocks != 0 ? FwdCfg<BiasT, D>::kMinBlocks
+                                           : (by_smem >= 3 ? (kTma && D == 64 ? 3 : 0) : by_smem);
 }
 
 template <class T, class BiasT, int D, bool kTma>

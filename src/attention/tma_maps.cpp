@@ -28,10 +28,12 @@ bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool
   for (int i = 0; i < 4; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 2);
   const uint32_t box[5] = {static_cast<uint32_t>(D), static_cast<uint32_t>(rows), 1, 1, 1};
   for (int i = 0; i < 5; ++i) t.box[i] = box[i];
-  // Rows of 32 or 64 bytes: the swizzle of common/swizzle.cuh's tiles (chunk ^ f(row)) is the
-  // hardware's 32- or 64-byte one.
-  const CUtensorMapSwizzle swizzle = D == 16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B;
-  if (D != 16 && D != 32) return false;
+  // Rows of 32, 64 or 128 bytes: the swizzle of common/swizzle.cuh's tiles (chunk ^ f(row)) is
+  // the hardware's 32-, 64- or 128-byte one. (Rows of 256 bytes would take two boxes.)
+  if (D != 16 && D != 32 && D != 64) return false;
+  const CUtensorMapSwizzle swizzle = D == 16   ? CU_TENSOR_MAP_SWIZZLE_32B
+                                     : D == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                               : CU_TENSOR_MAP_SWIZZLE_128B;
   return detail::encode_tma(map, x.ptr, type16(fp16), t, swizzle);
 }
 

@@ -152,6 +152,12 @@ std::vector<GpuCase> cases() {
   v.push_back({4, 96, 16, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 16, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
   v.push_back({24, 384, 16, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
+  // ... and D = 64 (128-byte swizzle; with an fp32 bias held to 168 registers): the sweep's N = 64,
+  // 384 and the strided fp16 case above, plus these.
+  v.push_back({3, 8, 64, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous});
+  v.push_back({4, 96, 64, DType::kBF16, DType::kFP32, MaskMode::kFullyMaskedSlice, Layout::kContiguous, true, 2});
+  v.push_back({4, 96, 64, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
+  v.push_back({24, 384, 64, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
   return v;
 }
 
