@@ -2,8 +2,9 @@
 # On the GPU machine, in one call: everything the attention results in bench/results/h200/ come
 # from, for the build in BIN_DIR (tpf, tpf_gpu_tests, libturbopairformer_c.so): all GPU tests,
 # the three sanitizers on small attention cases, `tpf check`, the accuracy + determinism table
-# (scripts/attention_accuracy.sh), the speed tables (D = 64, 128 in the large one), and the
-# Python tests. At most 8 files come back from $OUT: the logs go into one tar. Usage: scripts/device_final_attention.sh BIN_DIR
+# (scripts/attention_accuracy.sh), the speed tables (D = 64, 128 in the large one; an fp32 bias
+# and fp16 in the tar), and the Python tests. At most 8 files come back from $OUT: the logs go
+# into one tar. Usage: scripts/device_final_attention.sh BIN_DIR
 set -u
 BIN=${1:-.devbin}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
@@ -22,6 +23,8 @@ timeout 100 "$BIN/tpf" bench --n 384,640,768 --d 16,32 > "$OUT/attention_bench.t
 timeout 100 "$BIN/tpf" bench --n 384,640,768 --d 16,32 --json > "$OUT/attention_bench.json" 2>/dev/null
 timeout 100 "$BIN/tpf" bench --n 1024,2048 --d 32 --iters 5 > "$OUT/attention_bench_large.txt" 2>/dev/null
 timeout 100 "$BIN/tpf" bench --n 384,768 --d 64,128 --iters 10 >> "$OUT/attention_bench_large.txt" 2>/dev/null
+timeout 100 "$BIN/tpf" bench --n 384,640,768 --d 16,32 --bias-dtype fp32 > "$OUT/logs/attention_bench_fp32bias.txt" 2>/dev/null
+timeout 100 "$BIN/tpf" bench --n 384,640,768 --d 16,32 --dtype fp16 > "$OUT/logs/attention_bench_fp16.txt" 2>/dev/null
 (TPF_LIBRARY="$PWD/$BIN/libturbopairformer_c.so" PYTHONPATH=python timeout 150 python3 -m pytest tests/python -q -x \
    -p no:cacheprovider > "$OUT/logs/pytest.txt" 2>&1); echo "pytest rc=$? $(tail -1 "$OUT/logs/pytest.txt")"
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
