@@ -12,7 +12,7 @@ namespace tpf::attn {
 // keep S at 32 registers next to the larger O accumulator. An fp32 bias at D = 32 takes 64
 // columns: its 128-column tiles (32 KB a stage) leave room for 2 blocks/SM only, and 64 columns
 // measured 1.81 against 2.32 ms at N = 768 (-22%; 16-bit bias 1.21 vs 1.15, so it keeps 128;
-// perf-notes v18).
+// perf-notes v18). With its tiles by TMA (v19), 64 columns still win: 1.31 against 1.53 ms.
 #ifndef TPF_FWD_BLOCK_K_D32  // build-time experiment knobs (see docs/perf-notes.md)
 #define TPF_FWD_BLOCK_K_D32 128
 #endif
