@@ -61,5 +61,35 @@ TEST(TmaRules, RejectsRanksAndSizesOutOfRange) {
   EXPECT_FALSE(tma_tile_ok(buffer, 2, t));
 }
 
+// The forward's bias tiles (attention/tma_maps.cpp): 128 bytes of keys x 64 query rows of a
+// [B, 1, H, N, N] bias, coordinates (key, query, h, b).
+TmaTile bias_tile(uint64_t n, int elem_bytes) {
+  TmaTile t;
+  t.rank = 4;
+  const uint64_t dims[4] = {n, n, 4, 1};
+  const uint64_t strides[3] = {n * elem_bytes, n * n * elem_bytes, 16};  // q, h, b (size 1)
+  const uint32_t box[4] = {static_cast<uint32_t>(128 / elem_bytes), 64, 1, 1};
+  for (int i = 0; i < 4; ++i) t.dims[i] = dims[i], t.box[i] = box[i];
+  for (int i = 0; i < 3; ++i) t.strides[i] = strides[i];
+  return t;
+}
+
+TEST(TmaRules, BiasRowsMustBeWhole16ByteChunks) {
+  EXPECT_TRUE(tma_tile_ok(buffer, 2, bias_tile(768, 2)));
+  EXPECT_TRUE(tma_tile_ok(buffer, 4, bias_tile(768, 4)));
+  EXPECT_TRUE(tma_tile_ok(buffer, 4, bias_tile(100, 4)));   // fp32: N a multiple of 4 will do
+  EXPECT_FALSE(tma_tile_ok(buffer, 2, bias_tile(100, 2)));  // 16-bit: N must be a multiple of 8
+  EXPECT_FALSE(tma_tile_ok(buffer, 4, bias_tile(7, 4)));
+}
+
+TEST(TmaRules, AcceptsTheD16And64SliceTiles) {
+  for (uint32_t d : {16u, 64u}) {
+    TmaTile t = slice_tile();
+    t.dims[0] = t.box[0] = d;
+    t.strides[0] = 4 * d * 2, t.strides[2] = 768 * 4 * d * 2;  // [B,S,N,H,D]: n, s strides
+    EXPECT_TRUE(tma_tile_ok(buffer, 2, t)) << d;
+  }
+}
+
 }  // namespace
 }  // namespace tpf::detail
