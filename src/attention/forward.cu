@@ -19,8 +19,8 @@
 namespace tpf::attn {
 namespace {
 
-template <class BiasT, int D>
-using FwdCfg = FwdConfig<D, sizeof(BiasT)>;
+template <class BiasT, int D, bool kTma = false>
+using FwdCfg = FwdConfig<D, sizeof(BiasT), kTma>;
 template <class BiasT, int D>
 using FwdBias = BiasTile<BiasT, FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK>;
 
@@ -62,11 +62,11 @@ constexpr bool fwd_tma_able() {
   return fwd_wgmma<BiasT, D>() || D == 16 || D == 64;
 }
 template <class BiasT, int D>
-using FwdBiasTma = BiasSwz128<FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK, sizeof(BiasT)>;
+using FwdBiasTma = BiasSwz128<FwdCfg<BiasT, D, true>::kBlockQ, FwdCfg<BiasT, D, true>::kBlockK, sizeof(BiasT)>;
 
 template <class BiasT, int D, bool kTma>
 constexpr size_t fwd_smem_bytes() {
-  using Cfg = FwdCfg<BiasT, D>;
+  using Cfg = FwdCfg<BiasT, D, kTma>;
   // sQ [BQ][D] + sK, sV [stages][BK][D] + bias tiles [stages][BQ][BK] (bias dtype: padded rows,
   // or BiasSwz128 with TMA) + key mask [stages][FwdMask] (fp32) + TMA: 2 mbarriers; with wgmma,
   // room to start the tiles on the 64-byte swizzle's 512-byte period (TMA: the 128-byte
@@ -84,18 +84,18 @@ constexpr size_t fwd_smem_bytes() {
 template <class BiasT, int D, bool kTma>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D, kTma>());
-  return FwdCfg<BiasT, D>::kMinBlocks != 0 ? FwdCfg<BiasT, D>::kMinBlocks
-                                           : (by_smem >= 3 ? (kTma && D == 64 ? 3 : 0) : by_smem);
+  using Cfg = FwdCfg<BiasT, D, kTma>;
+  return Cfg::kMinBlocks != 0 ? Cfg::kMinBlocks : (by_smem >= 3 ? (kTma && D == 64 ? 3 : 0) : by_smem);
 }
 
 template <class T, class BiasT, int D, bool kTma>
-__global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<BiasT, D, kTma>()))
+__global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blocks<BiasT, D, kTma>()))
     forward_kernel(const FwdArgs a, const __grid_constant__ FwdMaps maps) {
-  using Cfg = FwdCfg<BiasT, D>;
+  using Cfg = FwdCfg<BiasT, D, kTma>;
   constexpr int BQ = Cfg::kBlockQ, BK = Cfg::kBlockK, NT = BK / 8, DT = D / 8, KS = D / 16;
   constexpr float kLog2e = 1.4426950408889634f;
   using Mma = dev::MmaOp<T>;
-  using Bias = FwdBias<BiasT, D>;
+  using Bias = BiasTile<BiasT, BQ, BK>;  // cp.async's padded tile
   // 16-bit bias: added by one MMA per n-tile as bias / scale, so that scores stay in units of
   // scale (QK^T + bias / scale) and need no instruction of their own before the max (two FFMAs
   // and a 16-bit unpack per score before). fp32 bias: s = scale QK^T + bias per score.
@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D>::kThreads, (fwd_min_blocks<Bi
 // The TMA maps of a call (attention/tma_maps.h), or false where the kernel loads with cp.async.
 template <class T, class BiasT, int D>
 bool encode_fwd_maps(const FwdArgs& a, FwdMaps* maps) {
-  using Cfg = FwdCfg<BiasT, D>;
+  using Cfg = FwdCfg<BiasT, D, true>;
   constexpr bool kFp16 = std::is_same_v<T, __half>;
   return tma_slice_rows(&maps->q, a.q, a.dims, D, kFp16, Cfg::kBlockQ) &&
          tma_slice_rows(&maps->k, a.k, a.dims, D, kFp16, Cfg::kBlockK) &&
@@ -492,7 +492,7 @@ template <class T, class BiasT, int D>
 struct LaunchForward {
   template <bool kTma>
   static cudaError_t launch(const FwdArgs& a, const FwdMaps& maps, cudaStream_t stream) {
-    using Cfg = FwdCfg<BiasT, D>;
+    using Cfg = FwdCfg<BiasT, D, kTma>;
     constexpr size_t smem = fwd_smem_bytes<BiasT, D, kTma>();
     auto kernel = forward_kernel<T, BiasT, D, kTma>;
     if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, static_cast<int>(smem)); e != cudaSuccess) return e;

@@ -28,17 +28,26 @@ namespace tpf::attn {
 #ifndef TPF_FWD_MIN_BLOCKS_D16
 #define TPF_FWD_MIN_BLOCKS_D16 4
 #endif
-// kBiasBytes: the bias element's size (2: the activations' dtype, 4: fp32).
-template <int D, int kBiasBytes>
+// D = 16 with a 16-bit bias loaded by TMA (v19): without the copies' address registers the
+// 128-column tile compiles to 125 registers, so it keeps 4 blocks/SM (the compiler's choice):
+// 0.980 against 1.115 ms at N = 768 for 64 columns; the cp.async kernel at 128 columns takes 168
+// registers (3 blocks/SM) and keeps 64. With an fp32 bias 128 columns lose (1.515 vs 1.234 ms).
+#ifndef TPF_FWD_BLOCK_K_D16_TMA
+#define TPF_FWD_BLOCK_K_D16_TMA 128
+#endif
+// kBiasBytes: the bias element's size (2: the activations' dtype, 4: fp32); kTma: the kernel
+// that loads its tiles by TMA (forward.cu), where that changes the best tile.
+template <int D, int kBiasBytes, bool kTma = false>
 struct FwdConfig {
+  static constexpr bool kD16Tma16 = D == 16 && kBiasBytes == 2 && kTma;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockQ = 16 * kWarps;  // 64
-  static constexpr int kBlockK = D == 16   ? TPF_FWD_BLOCK_K_D16
+  static constexpr int kBlockK = D == 16   ? (kD16Tma16 ? TPF_FWD_BLOCK_K_D16_TMA : TPF_FWD_BLOCK_K_D16)
                                  : D == 32 ? (kBiasBytes == 4 ? TPF_FWD_BLOCK_K_D32_FP32_BIAS : TPF_FWD_BLOCK_K_D32)
                                            : 64;
   static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
-  static constexpr int kMinBlocks = D == 16 ? TPF_FWD_MIN_BLOCKS_D16 : D == 32 ? TPF_FWD_MIN_BLOCKS_D32 : 0;
+  static constexpr int kMinBlocks = D == 16 ? (kD16Tma16 ? 0 : TPF_FWD_MIN_BLOCKS_D16) : D == 32 ? TPF_FWD_MIN_BLOCKS_D32 : 0;
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query

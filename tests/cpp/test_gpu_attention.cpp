@@ -145,13 +145,15 @@ std::vector<GpuCase> cases() {
   v.push_back({3, 8, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
   v.push_back({24, 384, 32, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 3});
-  // The D = 16 forward loads by TMA too (32-byte swizzle, V of the tile itself): boxes past N,
-  // strided views, an fp32 bias, the same shape through cp.async, and a full GPU three times.
+  // The D = 16 forward loads by TMA too (32-byte swizzle, V of the tile itself; 128-key tiles
+  // with a 16-bit bias): boxes past N, strided views, an fp32 bias, the same shape through
+  // cp.async, a full GPU three times, and a partial last 128-key tile (N = 200).
   v.push_back({3, 8, 16, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 16, DType::kBF16, DType::kBF16, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
   v.push_back({4, 96, 16, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous});
   v.push_back({4, 96, 16, DType::kFP16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, true});
   v.push_back({24, 384, 16, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
+  v.push_back({3, 200, 16, DType::kFP16, DType::kFP16, MaskMode::kFullyMaskedSlice, Layout::kContiguous, true, 2});
   // ... and D = 64 (128-byte swizzle; with an fp32 bias held to 168 registers): the sweep's N = 64,
   // 384 and the strided fp16 case above, plus these.
   v.push_back({3, 8, 64, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous});
