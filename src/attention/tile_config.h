@@ -39,7 +39,7 @@ namespace tpf::attn {
 // that loads its tiles by TMA (forward.cu), where that changes the best tile.
 template <int D, int kBiasBytes, bool kTma = false>
 struct FwdConfig {
-  static constexpr bool kD16Tma16 = D == 16 && kBiasBytes == 2 && kTma;
+  static constexpr bool kD16Tma16 = D == 16 && kBiasBytes == 2 && kTma;  // takes 128-key tiles
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockQ = 16 * kWarps;  // 64

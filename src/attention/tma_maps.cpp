@@ -19,7 +19,9 @@ CUtensorMapDataType type16(bool fp16) { return fp16 ? CU_TENSOR_MAP_DATA_TYPE_FL
 }  // namespace
 
 bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows) {
-  if (disabled()) return false;
+  // Rows of 32, 64 or 128 bytes: the swizzle of common/swizzle.cuh's tiles (chunk ^ f(row)) is
+  // the hardware's 32-, 64- or 128-byte one. (Rows of 256 bytes would take two boxes.)
+  if (disabled() || (D != 16 && D != 32 && D != 64)) return false;
   detail::TmaTile t;
   t.rank = 5;
   const int64_t dims[5] = {D, d.N, d.H, d.S, d.B};
@@ -28,9 +30,6 @@ bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool
   for (int i = 0; i < 4; ++i) t.strides[i] = stride_bytes(dims[i + 1], strides[i], 2);
   const uint32_t box[5] = {static_cast<uint32_t>(D), static_cast<uint32_t>(rows), 1, 1, 1};
   for (int i = 0; i < 5; ++i) t.box[i] = box[i];
-  // Rows of 32, 64 or 128 bytes: the swizzle of common/swizzle.cuh's tiles (chunk ^ f(row)) is
-  // the hardware's 32-, 64- or 128-byte one. (Rows of 256 bytes would take two boxes.)
-  if (D != 16 && D != 32 && D != 64) return false;
   const CUtensorMapSwizzle swizzle = D == 16   ? CU_TENSOR_MAP_SWIZZLE_32B
                                      : D == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                : CU_TENSOR_MAP_SWIZZLE_128B;
