@@ -76,16 +76,15 @@ constexpr size_t fwd_smem_bytes() {
          Cfg::kStages * FwdMask<Cfg::kBlockK>::kFloats * 4 + (kTma ? 16 + 1024 : fwd_wgmma<BiasT, D>() ? 512 : 0);
 }
 
-// Launch-bounds hint: the configured one, else 0 (the compiler's choice, which stays within the
-// 168 registers of 3 blocks/SM at D = 32 and 64) where shared memory allows 3 blocks, else the
-// blocks it allows (fp32 bias tiles: 2, so up to 255 registers instead of spills at 168). The
-// D = 64 TMA kernel with an fp32 bias would take 174 registers, 2 blocks/SM: it is held to 3
-// (168 registers, no spills).
+// Launch-bounds hint: the configured one (tile_config.h), else 0 (the compiler's choice, which
+// stays within the 168 registers of 3 blocks/SM at D = 32 and 64) where shared memory allows 3
+// blocks, else the blocks it allows (fp32 bias tiles: 2, so up to 255 registers instead of spills
+// at 168).
 template <class BiasT, int D, bool kTma>
 constexpr int fwd_min_blocks() {
   constexpr int by_smem = static_cast<int>(227 * 1024 / fwd_smem_bytes<BiasT, D, kTma>());
   using Cfg = FwdCfg<BiasT, D, kTma>;
-  return Cfg::kMinBlocks != 0 ? Cfg::kMinBlocks : (by_smem >= 3 ? (kTma && D == 64 ? 3 : 0) : by_smem);
+  return Cfg::kMinBlocks != 0 ? Cfg::kMinBlocks : (by_smem >= 3 ? 0 : by_smem);
 }
 
 template <class T, class BiasT, int D, bool kTma>

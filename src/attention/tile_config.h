@@ -47,7 +47,12 @@ struct FwdConfig {
                                  : D == 32 ? (kBiasBytes == 4 ? TPF_FWD_BLOCK_K_D32_FP32_BIAS : TPF_FWD_BLOCK_K_D32)
                                            : 64;
   static constexpr int kStages = 2;            // K/V double buffer: load tile j+1 during tile j
-  static constexpr int kMinBlocks = D == 16 ? (kD16Tma16 ? 0 : TPF_FWD_MIN_BLOCKS_D16) : D == 32 ? TPF_FWD_MIN_BLOCKS_D32 : 0;
+  // Resident blocks per SM the registers must allow (0: the compiler's choice, forward.cu's
+  // fwd_min_blocks). D = 64 by TMA: 3, where the compiler would take 174 registers with an fp32
+  // bias (2 blocks/SM); 168 do without spills.
+  static constexpr int kMinBlocks = D == 16   ? (kD16Tma16 ? 0 : TPF_FWD_MIN_BLOCKS_D16)
+                                    : D == 32 ? TPF_FWD_MIN_BLOCKS_D32
+                                              : (D == 64 && kTma ? 3 : 0);
 };
 
 // Backward (key-tile parallel): one block owns a 64-key tile of one (b, h) and walks query
