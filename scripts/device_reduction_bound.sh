@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine: what the backward's reductions cost, from a TPF_EXPERIMENT_PHASES build
 # (scripts/build_variant.sh NAME backward "-DTPF_EXPERIMENT_PHASES=1"), whose env TPF_BWD_SKIP
-# skips parts of them (wrong gradients; timing only; backward.cu's BwdSkip): 1 the dbias warps' sums, 2 the dQ adds, 4 the
-# dQ turn waits; and bytes: 8 quad 1's Q / dO tile loads, 16 the old dbias partial's reads, 32 the
-# dq_acc reads, 64 every tile load after the first step; and the math's parts: 128 the exponentials,
-# 256 the dQ part, 512 the fp32 dS^T stores. Prints fwd+bwd per setting, two rounds, next to a shipped build.
+# skips parts of them (wrong gradients; timing only; backward.cu's BwdSkip): 1 the dbias warps'
+# sums, 2 the dQ adds, 4 the dQ turn waits; and bytes: 8 quad 1's Q / dO tile loads, 16 the old
+# dbias partial's reads, 32 the dq_acc reads, 64 every tile load after the first step; and the
+# math's parts: 128 the exponentials, 256 the dQ part, 512 the fp32 dS^T stores. Prints fwd+bwd
+# per setting, two rounds, next to a shipped build.
 # Usage: scripts/device_reduction_bound.sh PHASES_BIN_DIR SHIPPED_BIN_DIR [N] [D] ["SKIPS"]
 set -u
 P=${1:?phases build dir}; H=${2:?shipped build dir}; N=${3:-768}; D=${4:-32}; SKIPS=${5:-0 1 4 6 7}

@@ -21,8 +21,10 @@ namespace {
 
 template <class BiasT, int D, bool kTma = false>
 using FwdCfg = FwdConfig<D, sizeof(BiasT), kTma>;
-template <class BiasT, int D>
-using FwdBias = BiasTile<BiasT, FwdCfg<BiasT, D>::kBlockQ, FwdCfg<BiasT, D>::kBlockK>;
+// A stage's bias tile: cp.async's padded rows, or TMA's 128-byte swizzle.
+template <class BiasT, int D, bool kTma>
+using FwdBiasTile = std::conditional_t<kTma, BiasSwz128<FwdCfg<BiasT, D, kTma>::kBlockQ, FwdCfg<BiasT, D, kTma>::kBlockK, sizeof(BiasT)>,
+                                       BiasTile<BiasT, FwdCfg<BiasT, D, kTma>::kBlockQ, FwdCfg<BiasT, D, kTma>::kBlockK>>;
 
 // The key mask of a tile, 0 or -inf per key as fp32: the initial value of the score
 // accumulators, to which QK^T is added (exact, and no instruction per score: an m16n8k8 MMA per
@@ -61,8 +63,6 @@ template <class BiasT, int D>
 constexpr bool fwd_tma_able() {
   return fwd_wgmma<BiasT, D>() || D == 16 || D == 64;
 }
-template <class BiasT, int D>
-using FwdBiasTma = BiasSwz128<FwdCfg<BiasT, D, true>::kBlockQ, FwdCfg<BiasT, D, true>::kBlockK, sizeof(BiasT)>;
 
 template <class BiasT, int D, bool kTma>
 constexpr size_t fwd_smem_bytes() {
@@ -71,7 +71,7 @@ constexpr size_t fwd_smem_bytes() {
   // or BiasSwz128 with TMA) + key mask [stages][FwdMask] (fp32) + TMA: 2 mbarriers; with wgmma,
   // room to start the tiles on the 64-byte swizzle's 512-byte period (TMA: the 128-byte
   // swizzle's 1024).
-  constexpr size_t bias = kTma ? FwdBiasTma<BiasT, D>::kBytes : FwdBias<BiasT, D>::kBytes;
+  constexpr size_t bias = FwdBiasTile<BiasT, D, kTma>::kBytes;
   return (Cfg::kBlockQ * D + 2 * Cfg::kStages * Cfg::kBlockK * D) * 2 + Cfg::kStages * bias +
          Cfg::kStages * FwdMask<Cfg::kBlockK>::kFloats * 4 + (kTma ? 16 + 1024 : fwd_wgmma<BiasT, D>() ? 512 : 0);
 }
@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
   constexpr float kLog2e = 1.4426950408889634f;
   using Mma = dev::MmaOp<T>;
   using Bias = BiasTile<BiasT, BQ, BK>;  // cp.async's padded tile
+  using BiasTma = BiasSwz128<BQ, BK, sizeof(BiasT)>;
   // 16-bit bias: added by one MMA per n-tile as bias / scale, so that scores stay in units of
   // scale (QK^T + bias / scale) and need no instruction of their own before the max (two FFMAs
   // and a 16-bit unpack per score before). fp32 bias: s = scale QK^T + bias per score.
@@ -107,8 +108,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
   T* sK = sQ + BQ * D;                              // [stages][BK][D]
   T* sV = sK + Cfg::kStages * BK * D;               // [stages][BK][D]
   using Mask = FwdMask<BK>;
-  using BiasTma = FwdBiasTma<BiasT, D>;
-  constexpr int kBiasBytes = kTma ? BiasTma::kBytes : Bias::kBytes;               // a stage
+  constexpr int kBiasBytes = FwdBiasTile<BiasT, D, kTma>::kBytes;                 // a stage
   uint8_t* sBias = reinterpret_cast<uint8_t*>(sV + Cfg::kStages * BK * D);         // [stages] bias tiles
   float* sMask = reinterpret_cast<float*>(sBias + Cfg::kStages * kBiasBytes);      // [stages][Mask]
   // TMA: the copies issued at the top of tile j - 1 (K, bias of tile j, V of tile j - 1; the
