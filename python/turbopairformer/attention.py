@@ -120,11 +120,17 @@ def _vector_friendly(x: torch.Tensor) -> bool:
 def _setup_context(ctx, inputs, output):
     q, k, v, bias, mask, scale, compensate = inputs
     out, res, lse = output
+    # The residual and the LSE are the backward's inputs, not results: without these two lines
+    # autograd would fill a zero gradient for each on every backward (a tensor of out's size).
+    ctx.mark_non_differentiable(res, lse)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, bias, mask, out, res, lse)
     ctx.scale, ctx.compensate = scale, compensate
 
 
 def _backward(ctx, dout, _dres, _dlse):
+    if dout is None:  # (grads are not materialized) out took no part in what is differentiated
+        return None, None, None, None, None, None, None
     q, k, v, bias, mask, out, res, lse = ctx.saved_tensors
     dq, dk, dv, dbias = _attention_bwd(dout, q, k, v, bias, mask, out, res, lse, ctx.scale,
                                        ctx.compensate, ctx.needs_input_grad[3])

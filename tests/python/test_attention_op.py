@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 
 import turbopairformer as tpf
-from conftest import requires_gpu
+from conftest import requires_gpu, zero_fills_during
 from reference import attention_reference
 
 
@@ -54,6 +54,16 @@ def test_fully_masked_rows_give_zeros_not_nan():
     out.sum().backward()
     assert torch.all(out[:, 0] == 0) and not torch.isnan(out).any()
     assert torch.all(qq.grad[:, 0] == 0)
+
+
+def test_backward_fills_no_gradient_for_the_residual_or_lse():
+    # They are the backward's inputs; a zero gradient of each was filled on every backward.
+    q, k, v, bias, mask = make(N=5, D=4)
+    qq = q.detach().requires_grad_(True)
+    out = tpf.triangle_attention(qq, k, v, bias, mask)
+    fills = zero_fills_during(lambda: out.sum().backward())
+    assert (q.dtype, tuple(q.shape)) not in fills and (torch.float32, tuple(q.shape[:-1])) not in fills
+    assert qq.grad is not None and torch.isfinite(qq.grad).all()
 
 
 def test_extra_leading_batch_dims_and_explicit_scale():
