@@ -12,31 +12,45 @@ import turbopairformer as tpf
 from turbopairformer.bench import attention_inputs
 
 
+def queued_ms(fn, iters):
+    """GPU time per call of back-to-back calls (after 3 warm-ups)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def per_call_ms(fn, iters):
+    """Medians over calls each timed after a synchronize (the comparison report's timing): the
+    call's GPU-event time and its CPU time."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu, cpu = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        a.record()
+        t0 = time.perf_counter()
+        fn()
+        cpu.append((time.perf_counter() - t0) * 1e3)
+        b.record()
+        b.synchronize()
+        gpu.append(a.elapsed_time(b))
+    return statistics.median(gpu), statistics.median(cpu)
+
+
 def stats(N, D=32, iters=30):
     q, k, v, bias, mask, _ = attention_inputs(N, D, 0)
     call = lambda: tpf.triangle_attention(q, k, v, bias, mask)
     with torch.no_grad():
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            call()
-        b.record()
-        b.synchronize()
-        queued = a.elapsed_time(b) / iters
-        per_call, cpu = [], []
-        for _ in range(iters):
-            a.record()
-            t0 = time.perf_counter()
-            call()
-            cpu.append((time.perf_counter() - t0) * 1e3)
-            b.record()
-            b.synchronize()
-            per_call.append(a.elapsed_time(b))
-    print(f"N={N:5d} D={D}: queued {queued:.3f} ms/call, synchronized per call {statistics.median(per_call):.3f} ms, "
-          f"CPU time of a call {statistics.median(cpu):.3f} ms")
+        queued = queued_ms(call, iters)
+        per_call, cpu = per_call_ms(call, iters)
+    print(f"N={N:5d} D={D}: queued {queued:.3f} ms/call, synchronized per call {per_call:.3f} ms, "
+          f"CPU time of a call {cpu:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -4,36 +4,19 @@ N = 768, C = 128, to set against `tpf bench --op trimul` (C++), and triangle att
 D = 32. Prints queued and synchronized per-call times, and the profiler's CUDA kernel table of the
 multiplicative update's training step (--profile).
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 scripts/device_trimul_py_profile.py [--profile]"""
-import statistics
 import sys
 
 import torch
 
 import turbopairformer as tpf
+from device_py_overhead import per_call_ms, queued_ms  # (scripts/ is on the path when run)
 from turbopairformer.bench import TRIMUL_WEIGHTS, attention_inputs, trimul_inputs
 
 
 def timings(label, fwd, fb, iters=10):
     for name, fn in (("fwd (no_grad)", fwd), ("fwd+bwd", fb)):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        queued = a.elapsed_time(b) / iters
-        per = []
-        for _ in range(iters):
-            torch.cuda.synchronize()
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            per.append(a.elapsed_time(b))
-        print(f"{label} {name}: queued {queued:.3f} ms/call, synchronized per call {statistics.median(per):.3f} ms")
+        queued, per_call = queued_ms(fn, iters), per_call_ms(fn, iters)[0]
+        print(f"{label} {name}: queued {queued:.3f} ms/call, synchronized per call {per_call:.3f} ms")
 
 
 def main(profile, N=768, C=128, D=32):
