@@ -4,7 +4,8 @@
 # skips parts of them (wrong gradients; timing only; backward.cu's BwdSkip): 1 the dbias warps'
 # sums, 2 the dQ adds, 4 the dQ turn waits; and bytes: 8 quad 1's Q / dO tile loads, 16 the old
 # dbias partial's reads, 32 the dq_acc reads, 64 every tile load after the first step; and the
-# math's parts: 128 the exponentials, 256 the dQ part, 512 the fp32 dS^T stores. Prints fwd+bwd
+# math's parts: 128 the exponentials, 256 the dQ part, 512 the fp32 dS^T stores, 1024 quad 1's
+# tensor products and exponentials (wgmma builds). Prints fwd+bwd
 # per setting, two rounds, next to a shipped build.
 # Usage: scripts/device_reduction_bound.sh PHASES_BIN_DIR SHIPPED_BIN_DIR [N] [D] ["SKIPS"]
 set -u

@@ -52,6 +52,8 @@ enum BwdSkip : int {
   kSkipExp = 128,         // the exponentials (P = the exponent)
   kSkipDqPart = 256,      // the math's dQ part
   kSkipDsfStores = 512,   // the math's fp32 dS^T stores for dbias
+  kSkipQuad1Units = 1024,  // quad 1's tensor products of S^T, dP^T, dV, dK and its exponentials
+                           //   (wgmma builds): quad 0's phases without the other quad contending
 };
 __device__ __forceinline__ bool skips(const BwdArgs& a, BwdSkip part) {
   return TPF_EXPERIMENT_PHASES && (a.experiment & part);
@@ -450,7 +452,14 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp (wgmma: the quad's 64 keys).
     float sT[QT][4], dpT[QT][4];
-    if constexpr (kWg > 0) {
+    // (timing experiment: quad 1 leaves the tensor cores and the exponential unit to quad 0)
+    [[maybe_unused]] const bool idle1 = quad == 1 && skips(a, kSkipQuad1Units);
+    if (kWg > 0 && idle1) {
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sT[nt][e] = dpT[nt][e] = 0.f;
+    } else if constexpr (kWg > 0) {
       float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(sT);
       float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dpT);
       dev::wgmma_fence();
@@ -510,7 +519,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
           bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
         }
         const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
-        const float p = attend[r] ? (skips(a, kSkipExp) ? x : dev::exp2_approx(x)) : 0.f;
+        const float p = attend[r] ? (skips(a, kSkipExp) || idle1 ? x : dev::exp2_approx(x)) : 0.f;
         sT[nt][e] = p;
         dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
       }
@@ -528,7 +537,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       }
       dev::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
+      for (int kk = 0; kk < (idle1 ? 0 : BQ / 16); ++kk) {
         dev::WgmmaN32RS<T, 1>::run(dv_flat, pa[kk], descO + 64 * kk, 1);
         dev::WgmmaN32RS<T, 1>::run(dk_flat, sa[kk], descQ + 64 * kk, 1);
       }
