@@ -70,9 +70,14 @@ __global__ void dq_finalize_kernel(const BwdArgs a) {
 }
 
 // dbias[b,0,h,q,k] = sum over chunks c, in order, of part[c,b,h,k,q] (rows padded): a 32 x 32 tile per
-// block, transposed through shared memory so both sides are read and written along rows.
+// block of 32 x kDbiasRows threads, transposed through shared memory so both sides are read and
+// written along rows.
+constexpr int kDbiasRows = 8;
 template <class T>
 __global__ void dbias_reduce_kernel(const BwdArgs a) {
+  constexpr int kRows = 32 / kDbiasRows;  // rows a thread sums
+  constexpr int kBatch = 8;               // chunks whose loads are in flight at once: each load
+                                          // is a round trip, and the adds wait on them in order
   __shared__ float tile[32][33];
   const int N = a.dims.N, H = a.dims.H;
   const int b = blockIdx.z / H, h = blockIdx.z % H;
@@ -80,14 +85,29 @@ __global__ void dbias_reduce_kernel(const BwdArgs a) {
   const int64_t plane = static_cast<int64_t>(a.part_rows) * a.part_cols;  // one (b, h)
   const int64_t stride_c = static_cast<int64_t>(a.dims.B) * H * plane;
   const float* part = a.dbias_part + (static_cast<int64_t>(b) * H + h) * plane;
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
-    const int k = k0 + r, q = q0 + threadIdx.x;
-    float sum = 0.f;
-    if (k < N && q < N)
-      for (int c = 0; c < a.chunks; ++c)
-        sum += part[c * stride_c + static_cast<int64_t>(k) * a.part_cols + q];
-    tile[r][threadIdx.x] = sum;
+  const int q = q0 + threadIdx.x;
+  float sum[kRows];  // rows threadIdx.y + kDbiasRows i
+  const float* src[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int k = k0 + threadIdx.y + kDbiasRows * i;
+    sum[i] = 0.f;
+    src[i] = k < N && q < N ? part + static_cast<int64_t>(k) * a.part_cols + q : nullptr;
   }
+  for (int c = 0; c < a.chunks; c += kBatch) {
+    float v[kRows][kBatch];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) v[i][u] = src[i] && c + u < a.chunks ? src[i][(c + u) * stride_c] : 0.f;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (c + u < a.chunks) sum[i] += v[i][u];  // chunk order, as one at a time
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) tile[threadIdx.y + kDbiasRows * i][threadIdx.x] = sum[i];
   __syncthreads();
   const int64_t base = b * a.dbias.sb + h * a.dbias.sh;
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
@@ -120,7 +140,7 @@ cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
   }
   if (a.dbias.ptr) {
     const dim3 grid((a.dims.N + 31) / 32, (a.dims.N + 31) / 32, a.dims.B * a.dims.H);
-    dbias_reduce_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(a);
+    dbias_reduce_kernel<T><<<grid, dim3(32, kDbiasRows), 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
