@@ -130,7 +130,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, _dres, _dlse):
     if dout is None:  # (grads are not materialized) out took no part in what is differentiated
-        return None, None, None, None, None, None, None
+        return (None,) * len(ctx.needs_input_grad)
     q, k, v, bias, mask, out, res, lse = ctx.saved_tensors
     dq, dk, dv, dbias = _attention_bwd(dout, q, k, v, bias, mask, out, res, lse, ctx.scale,
                                        ctx.compensate, ctx.needs_input_grad[3])

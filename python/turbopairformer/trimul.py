@@ -116,7 +116,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, _dsaved):
     if dout is None:  # (grads are not materialized) out took no part in what is differentiated
-        return (None,) * (len(ctx.saved_tensors) + 2)
+        return (None,) * len(ctx.needs_input_grad)
     saved, x, mask, *weights = ctx.saved_tensors
     dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps)
     grads = [g if w is not None else None for g, w in zip(dw, weights)]

@@ -110,7 +110,7 @@ __global__ void dbias_reduce_kernel(const BwdArgs a) {
   for (int i = 0; i < kRows; ++i) tile[threadIdx.y + kDbiasRows * i][threadIdx.x] = sum[i];
   __syncthreads();
   const int64_t base = b * a.dbias.sb + h * a.dbias.sh;
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+  for (int r = threadIdx.y; r < 32; r += kDbiasRows) {
     const int q = q0 + r, k = k0 + threadIdx.x;
     if (q >= N || k >= N) continue;
     const float v = tile[threadIdx.x][r];
