@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 from typing import Optional
 
 import torch
@@ -148,25 +149,62 @@ def _flatten_batch(x: Optional[torch.Tensor], keep: int) -> Optional[torch.Tenso
     return x.flatten(0, x.dim() - keep)
 
 
+# Head dims the CUDA kernels are built for; any other D <= 128 with D % 8 == 0 runs on the next
+# one up, zero-padded (a zero column adds nothing to Q K^T and gives a zero output column).
+NATIVE_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def _check_head_dim(q: torch.Tensor) -> int:
+    D = q.shape[-1] if q.dim() else 0
+    if not (8 <= D <= 128 and D % 8 == 0):
+        raise ValueError(f"turbopairformer: argument 'q': head dim D={D} is not supported; D must "
+                         f"be a multiple of 8 from 8 to 128 ({', '.join(map(str, NATIVE_HEAD_DIMS))} "
+                         "run natively, the others zero-padded to the next of those)")
+    return D
+
+
+def _padded_head_dim(D: int) -> int:
+    return next(d for d in NATIVE_HEAD_DIMS if d >= D)
+
+
+def _plain_attention(q, k, v, bias, mask, scale):
+    """DESIGN.md section 1 in plain PyTorch, for empty problems (N = 0 or S = 0), where it is
+    exact and free: empty outputs, and a zero bias gradient when there are no slices."""
+    s = scale * (q @ k.transpose(-1, -2)) + bias.to(q.dtype)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
+
+
 def triangle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                        mask: Optional[torch.Tensor] = None, scale: Optional[float] = None, *,
                        compensate: bool = True) -> torch.Tensor:
     """Triangle attention (argument-compatible with cuequivariance_torch.triangle_attention).
 
     Args:
-        q, k, v: [B, S, H, N, D] (extra leading batch dims allowed), bf16/fp16 on CUDA (head dim
-            16, 32, 64 or 128, head-dim stride 1), any float dtype on CPU.
+        q, k, v: [B, S, H, N, D] (extra leading batch dims allowed), bf16/fp16 on CUDA, any float
+            dtype on CPU; head-dim stride 1. D is a multiple of 8 up to 128: 16, 32, 64 and 128
+            run natively, the others on the next of those with zero padding (same results).
         bias: [B, 1, H, N, N], q's dtype or fp32; its gradient comes back in its dtype.
         mask: optional [B, S, 1, 1, N] bool, True = attend. A row with every key masked gives
-            zeros and zero gradients.
-        scale: defaults to 1 / sqrt(D).
+            zeros and zero gradients. A NaN in an attended input gives NaN, never zeros.
+        scale: defaults to 1 / sqrt(D) of the caller's D.
         compensate: keep the forward's rounding residual for a more exact backward.
 
     Returns:
-        [B, S, H, N, D] (with q's leading dims).
+        [B, S, H, N, D] (with q's leading dims). N = 0 or S = 0 gives an empty result.
     """
+    D = _check_head_dim(q)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     lead = q.shape[:-4]
-    out, _, _ = _attention_fwd(_flatten_batch(q, 5), _flatten_batch(k, 5), _flatten_batch(v, 5),
-                               _flatten_batch(bias, 5), _flatten_batch(mask, 5),
-                               float("nan") if scale is None else float(scale), bool(compensate))
+    q, k, v, bias, mask = (_flatten_batch(t, 5) for t in (q, k, v, bias, mask))
+    if q.numel() == 0:
+        out = _plain_attention(q, k, v, bias, mask, scale)
+    else:
+        Dp = _padded_head_dim(D) if q.is_cuda else D
+        if Dp != D:
+            q, k, v = (torch.nn.functional.pad(t, (0, Dp - D)) for t in (q, k, v))
+        out, _, _ = _attention_fwd(q, k, v, bias, mask, scale, bool(compensate))
+        if Dp != D:
+            out = out[..., :D]
     return out.view(*lead, *out.shape[1:]) if len(lead) != 1 else out

@@ -127,6 +127,21 @@ torch.library.register_autograd("turbopairformer::trimul_fwd", _backward,
                                 setup_context=_setup_context)
 
 
+def _plain_trimul(x, direction, mask, weights, eps):
+    """DESIGN.md section 2 in plain PyTorch, for empty problems (B = 0 or N = 0), where it is exact
+    and free: an empty output, zero weight gradients."""
+    ln_w, ln_b, p_w, p_b, g_w, g_b, lo_w, lo_b, po_w, po_b, go_w, go_b = weights
+    F = torch.nn.functional
+    zn = F.layer_norm(x, x.shape[-1:], ln_w, ln_b, eps)
+    ab = torch.sigmoid(F.linear(zn, g_w, g_b)) * F.linear(zn, p_w, p_b)
+    if mask is not None:
+        ab = ab * mask.unsqueeze(-1).to(ab.dtype)
+    a, b = ab.chunk(2, dim=-1)
+    eq = "bikc,bjkc->bijc" if direction == "outgoing" else "bkic,bkjc->bijc"
+    y = F.layer_norm(torch.einsum(eq, a, b), a.shape[-1:], lo_w, lo_b, eps)
+    return torch.sigmoid(F.linear(zn, go_w, go_b)) * F.linear(y, po_w, po_b)
+
+
 def triangle_multiplicative_update(
         x: torch.Tensor, direction: str = "outgoing", mask: Optional[torch.Tensor] = None,
         norm_in_weight: Optional[torch.Tensor] = None, norm_in_bias: Optional[torch.Tensor] = None,
@@ -154,6 +169,9 @@ def triangle_multiplicative_update(
                norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias]
     # Training keeps the forward's intermediates for the backward (it then skips recomputing
     # the forward); inference keeps nothing.
-    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x] + weights)
-    out, _ = _trimul_fwd(x, mask, *weights, _DIRECTIONS[direction], float(eps), save)
+    if x.dim() == 4 and x.numel() == 0:
+        out = _plain_trimul(x, direction, mask, weights, eps)
+    else:
+        save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x] + weights)
+        out, _ = _trimul_fwd(x, mask, *weights, _DIRECTIONS[direction], float(eps), save)
     return out.squeeze(0) if unbatched else out

@@ -30,14 +30,25 @@ Status Checker::fail(const std::string& arg, const std::string& what, StatusCode
   return Status(code, std::string("tpf.") + op + ": argument '" + arg + "': " + what);
 }
 
+namespace {
+bool is_empty(const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+}  // namespace
+
 Status Checker::present(const char* arg, const TensorView& t) const {
   if (!t.present()) return fail(arg, "is required but its data pointer is null");
   return Status::Ok();
 }
 
 Status Checker::shape(const char* arg, const TensorView& t, std::initializer_list<Dim> dims) const {
-  TPF_RETURN_IF_ERROR(present(arg, t));
   const int rank = static_cast<int>(dims.size());
+  if (t.rank == rank && is_empty(t))  // before the pointer: an empty tensor's is often null
+    return fail(arg, "is empty (shape " + shape_string(t) + "): there is nothing to compute; the "
+                     "Python ops return an empty result for it");
+  TPF_RETURN_IF_ERROR(present(arg, t));
   if (t.rank != rank)
     return fail(arg, "expected rank " + str(rank) + " " + dims_string(dims) + ", got rank " +
                          str(t.rank) + " " + shape_string(t));

@@ -47,16 +47,21 @@ void slice_probs(const std::vector<double>& Q, const std::vector<double>& K,
   O->assign(N * D, 0.0);
   lse->assign(N, std::numeric_limits<double>::infinity());
   std::vector<double> s(N);
+  // Only the mask decides that a row is fully masked: a NaN score (from q, k or the bias) must
+  // reach the output as NaN, as in PyTorch's softmax, not read as "no key attended".
+  if (std::none_of(attend.begin(), attend.end(), [](char a) { return a != 0; })) return;
   for (int64_t q = 0; q < N; ++q) {
     double m = -std::numeric_limits<double>::infinity();
+    bool nan = false;
     for (int64_t k = 0; k < N; ++k) {
       if (!attend[k]) continue;
       double dot = 0.0;
       for (int64_t e = 0; e < D; ++e) dot += Q[q * D + e] * K[k * D + e];
       s[k] = scale * dot + bias[q * N + k];
+      nan |= std::isnan(s[k]);
       m = std::max(m, s[k]);
     }
-    if (m == -std::numeric_limits<double>::infinity()) continue;  // fully masked row
+    if (nan) m = std::numeric_limits<double>::quiet_NaN();
     double sum = 0.0;
     for (int64_t k = 0; k < N; ++k)
       if (attend[k]) sum += ((*P)[q * N + k] = std::exp(s[k] - m));
@@ -64,7 +69,7 @@ void slice_probs(const std::vector<double>& Q, const std::vector<double>& K,
     (*lse)[q] = m + std::log(sum);
     for (int64_t k = 0; k < N; ++k) {
       const double p = (*P)[q * N + k];
-      if (p != 0.0)
+      if (attend[k])
         for (int64_t e = 0; e < D; ++e) (*O)[q * D + e] += p * V[k * D + e];
     }
   }
@@ -160,8 +165,8 @@ Status attention_backward(const AttentionBackwardParams& p) {
         double dlt = 0.0;
         for (int64_t e = 0; e < D; ++e) dlt += dO[q * D + e] * O[q * D + e];
         for (int64_t k = 0; k < N; ++k) {
+          if (!attend[k]) continue;  // masked key (or fully masked row): no gradient
           const double pr = P[q * N + k];
-          if (pr == 0.0) continue;  // masked key or fully masked row: no gradient
           double dp = 0.0;
           for (int64_t e = 0; e < D; ++e) dp += dO[q * D + e] * V[k * D + e];
           const double ds = pr * (dp - dlt);

@@ -116,6 +116,26 @@ TEST(ReferenceAttention, FullyMaskedRowsGiveZerosAndZeroGradients) {
   EXPECT_TRUE(std::isinf(p.lse.values()[0]));
 }
 
+// A NaN in a query makes every score of its row NaN; the row must come out NaN (as PyTorch's
+// softmax gives), not read as "every key masked" and come out zero.
+TEST(ReferenceAttention, NanQueryGivesNanRowNotZeros) {
+  auto p = AttnProblem::random({1, 2, 1, 5, 4}, 12);
+  p.has_mask = false;
+  auto q = p.q.values();
+  q[2 * 4 + 1] = std::nan("");  // slice 0, query 2
+  p.q.set_values(q);
+  run_bwd(p);
+  const auto o = p.out.values(), dq = p.dq.values(), dk = p.dk.values();
+  for (int64_t n = 0; n < 5; ++n)
+    for (int64_t e = 0; e < 4; ++e) {
+      EXPECT_EQ(std::isnan(o[n * 4 + e]), n == 2) << n;   // only that row
+      EXPECT_TRUE(std::isnan(dk[n * 4 + e]));              // every key saw the NaN row
+      EXPECT_FALSE(std::isnan(o[20 + n * 4 + e]));         // slice 1 untouched
+    }
+  EXPECT_TRUE(std::isnan(dq[2 * 4]));
+  EXPECT_TRUE(std::isnan(p.lse.values()[2]));
+}
+
 TEST(ReferenceAttention, SingleKeyCopiesValues) {
   auto p = AttnProblem::random({1, 3, 2, 1, 4}, 11);
   p.has_mask = false;

@@ -34,3 +34,18 @@ def zero_fills_during(fn):
     with Log() as log:
         fn()
     return log.fills
+
+
+# A run in which every test was skipped (no PyTorch, say) proves nothing: it fails.
+_passed = [0]
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        _passed[0] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == 0 and _passed[0] == 0:
+        print("\nerror: no test ran (every one was skipped or deselected); see the skip reasons above")
+        session.exitstatus = 1

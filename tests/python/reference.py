@@ -5,13 +5,19 @@ import torch
 
 
 def attention_reference(q, k, v, bias, mask=None, scale=None):
-    """DESIGN.md section 1 in float64: masked keys get -inf; fully masked rows give zeros."""
+    """DESIGN.md section 1 in float64: masked keys get -inf; rows whose keys are all masked give
+    zeros. A masked (query, key) pair takes no part, in the output or in any gradient: every
+    masked entry is selected away (torch.where), never multiplied by 0, so that a NaN elsewhere
+    in its row or column does not reach it as 0 * NaN. Any other NaN propagates, as in PyTorch."""
     q, k, v, bias = (t.double() for t in (q, k, v, bias))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = scale * q @ k.transpose(-1, -2) + bias
-    if mask is not None:
-        s = s.masked_fill(~mask.bool(), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all -inf rows -> 0
+    if mask is None:
+        return torch.softmax(scale * q @ k.transpose(-1, -2) + bias, dim=-1) @ v
+    mask = mask.bool()
+    key_ok = mask.transpose(-1, -2)  # [B, S, 1, N, 1]
+    k, v = torch.where(key_ok, k, 0.0), torch.where(key_ok, v, 0.0)
+    s = torch.where(mask, scale * q @ k.transpose(-1, -2) + bias, float("-inf"))
+    p = torch.where(mask & mask.any(-1, keepdim=True), torch.softmax(s, dim=-1), 0.0)
     return p @ v
 
 

@@ -47,7 +47,7 @@ def test_cpu_reference_path_matches_plain_pytorch():
 
 
 def test_fully_masked_rows_give_zeros_not_nan():
-    q, k, v, bias, mask = make(N=5, D=4)
+    q, k, v, bias, mask = make(N=5, D=8)
     mask[:, 0] = False  # every key of slice 0
     qq = q.detach().requires_grad_(True)
     out = tpf.triangle_attention(qq, k, v, bias, mask)
@@ -58,7 +58,7 @@ def test_fully_masked_rows_give_zeros_not_nan():
 
 def test_backward_fills_no_gradient_for_the_residual_or_lse():
     # They are the backward's inputs; a zero gradient of each was filled on every backward.
-    q, k, v, bias, mask = make(N=5, D=4)
+    q, k, v, bias, mask = make(N=5, D=8)
     qq = q.detach().requires_grad_(True)
     out = tpf.triangle_attention(qq, k, v, bias, mask)
     fills = zero_fills_during(lambda: out.sum().backward())
@@ -67,7 +67,7 @@ def test_backward_fills_no_gradient_for_the_residual_or_lse():
 
 
 def test_extra_leading_batch_dims_and_explicit_scale():
-    q, k, v, bias, mask = make(B=6, N=5, D=4)
+    q, k, v, bias, mask = make(B=6, N=5, D=8)
     out = tpf.triangle_attention(q.view(2, 3, *q.shape[1:]), k.view(2, 3, *k.shape[1:]),
                                  v.view(2, 3, *v.shape[1:]), bias.view(2, 3, *bias.shape[1:]),
                                  mask.view(2, 3, *mask.shape[1:]), scale=0.3)
@@ -86,7 +86,7 @@ def test_extra_leading_batch_dims_and_explicit_scale():
     ("scale_zero", ValueError, "'scale'"),
 ])
 def test_bad_input_names_the_argument(case, exc, word):
-    q, k, v, bias, mask = make(N=6, D=4)
+    q, k, v, bias, mask = make(N=6, D=8)
     kwargs = {}
     if case == "q_int":
         q = q.to(torch.int32)
@@ -106,8 +106,43 @@ def test_bad_input_names_the_argument(case, exc, word):
         tpf.triangle_attention(q, k, v, bias, mask, **kwargs)
 
 
+@pytest.mark.parametrize("D", [0, 4, 20, 136])
+def test_head_dims_outside_the_rule_say_what_is_supported(D):
+    q, k, v, bias, mask = make(N=4, D=max(D, 1))
+    if D == 0:
+        q, k, v = (t[..., :0] for t in (q, k, v))
+    with pytest.raises(ValueError, match=r"head dim D=%d .*multiple of 8 from 8 to 128" % D):
+        tpf.triangle_attention(q, k, v, bias, mask)
+
+
+def test_any_multiple_of_8_runs_on_cpu_with_the_callers_default_scale():
+    q, k, v, bias, mask = make(N=6, D=24)
+    dout = torch.randn_like(q)
+    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
+    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout)
+    assert out.shape == q.shape and torch.allclose(out, ref, atol=1e-12)
+    for x, y in zip(g, gref):
+        assert x.shape == y.shape and torch.allclose(x, y, atol=1e-10)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+@pytest.mark.parametrize("empty", ["N", "S"])
+def test_empty_problems_give_empty_results_and_zero_bias_gradients(device, empty):
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    S, N = (0, 5) if empty == "S" else (3, 0)
+    q, k, v = (torch.randn(1, S, 2, N, 16, dtype=dtype, device=device, requires_grad=True)
+               for _ in range(3))
+    bias = torch.randn(1, 1, 2, N, N, dtype=dtype, device=device, requires_grad=True)
+    mask = torch.ones(1, S, 1, 1, N, dtype=torch.bool, device=device)
+    out = tpf.triangle_attention(q, k, v, bias, mask)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    out.sum().backward()
+    assert q.grad.shape == q.shape and bias.grad.shape == bias.shape
+    assert torch.all(bias.grad == 0)
+
+
 def test_opcheck_cpu():
-    q, k, v, bias, mask = make(N=5, D=4)
+    q, k, v, bias, mask = make(N=5, D=8)
     args = tuple(t.requires_grad_(True) for t in (q, k, v, bias)) + (mask, 0.5, True)
     torch.library.opcheck(torch.ops.turbopairformer.triangle_attention_fwd.default, args)
 
@@ -156,8 +191,8 @@ def test_gpu_device_mismatch_and_head_dim_errors():
     q, k, v, bias, mask, _ = gpu_case(16, 32)
     with pytest.raises(TypeError, match="'k'"):
         tpf.triangle_attention(q, k.cpu(), v, bias, mask)
-    q, k, v, bias, mask, _ = gpu_case(16, 24)
-    with pytest.raises(ValueError, match="head dim"):
+    q, k, v, bias, mask, _ = gpu_case(16, 20)
+    with pytest.raises(ValueError, match="multiple of 8"):
         tpf.triangle_attention(q, k, v, bias, mask)
 
 
@@ -213,3 +248,18 @@ def test_gpu_gradients_meet_the_accuracy_target_through_the_python_api():
                    tuple(t.double() for t in (q, k, v, bias)), dout.double())
     for name, x, y in zip(("dq", "dk", "dv", "dbias"), got, ref):
         assert rel(x, y) <= 1.5 * floor(y), name
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [8, 24, 48, 96])
+def test_gpu_padded_head_dims_match_fp64(D):
+    """D off the built list runs zero-padded on the next built one, with the caller's 1/sqrt(D)
+    and the caller's shapes; accuracy as for the native dims."""
+    q, k, v, bias, mask, dout = gpu_case(77, D, layout="bsnhd")
+    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
+    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+                      tuple(t.double() for t in (q, k, v, bias)), dout.double())
+    assert out.shape == q.shape and all(x.shape == y.shape for x, y in zip(g, gref))
+    assert rel(out, ref) <= 1.6 * floor(ref)
+    for x, y in zip(g, gref):
+        assert rel(x, y) <= 3.0 * floor(y)

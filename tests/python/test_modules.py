@@ -26,15 +26,15 @@ def pair(B=2, N=6, C=8, dtype=torch.float64, device="cpu", seed=0):
 
 
 def test_state_dict_keys_match_openfold3():
-    assert set(tpf.TriangleAttention(8, 4, 2).state_dict()) == OPENFOLD3_KEYS
+    assert set(tpf.TriangleAttention(8, 8, 2).state_dict()) == OPENFOLD3_KEYS
 
 
 @pytest.mark.parametrize("starting", [True, False])
 def test_matches_openfold3_module_on_cpu(starting):
     torch.manual_seed(0)
     x, mask = pair()
-    assert_module_matches(OpenFold3TriangleAttention(8, 4, 2, starting=starting).double(),
-                          tpf.TriangleAttention(8, 4, 2, starting=starting).double(), x, mask)
+    assert_module_matches(OpenFold3TriangleAttention(8, 8, 2, starting=starting).double(),
+                          tpf.TriangleAttention(8, 8, 2, starting=starting).double(), x, mask)
 
 
 @requires_gpu
