@@ -507,6 +507,56 @@ def plot(rows, out_dir):
         plt.close(fig)
 
 
+def head_dim_table(Ns, Ds):
+    """Our attention at every head dim D of Ds (B=1, H=4, S=N): the padded ones (D off 16, 32, 64,
+    128) next to the native dim they run on, so the cost of padding reads off as a ratio."""
+    import turbopairformer as tpf
+    from .attention import NATIVE_HEAD_DIMS, _padded_head_dim
+    rows = []
+    for N in Ns:
+        for D in Ds:
+            sets = [attention_inputs(N, D, seed) for seed in range(3)]
+            fwd = lambda q, k, v, bias, mask, dout: tpf.triangle_attention(q, k, v, bias, mask)
+            for st in sets:
+                for t in st[:4]:
+                    t.requires_grad_(True)
+            t_f, t_fb, peak = measure(fwd, lambda a: a[:4], sets)
+            rows.append({"N": N, "D": D, "runs_on": _padded_head_dim(D), "native": D in NATIVE_HEAD_DIMS,
+                         "fwd_ms": t_f, "fwd_bwd_ms": t_fb, "peak_mib": peak})
+            del sets
+            torch.cuda.empty_cache()
+    by = {(r["N"], r["D"]): r for r in rows}
+    for r in rows:
+        base = by.get((r["N"], r["runs_on"]))
+        if base and not r["native"]:
+            r["fwd_vs_native"] = r["fwd_ms"] / base["fwd_ms"]
+            r["fwd_bwd_vs_native"] = r["fwd_bwd_ms"] / base["fwd_bwd_ms"]
+    return rows
+
+
+def write_head_dim_table(rows, out_dir: Path, gpu: str, command: str):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "head_dims.json").write_text(json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1))
+    lines = [f"# Triangle attention at every head dim ({gpu})", "",
+             f"`{command}`: B = 1, H = 4, S = N, bf16, 20% of keys masked; median of CUDA-event-timed "
+             "calls, three rotated input sets. A head dim off 16/32/64/128 runs zero-padded on the next "
+             "of those (`runs on`); the ratios compare it with that native dim at the same N (the pad "
+             "copies q, k, v and slices the gradients).", "",
+             "| N | D | runs on | fwd ms | fwd+bwd ms | peak MiB | fwd / native | fwd+bwd / native |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = lambda k: f"{r[k]:.2f}" if k in r else "—"
+        lines.append(f"| {r['N']} | {r['D']} | {r['runs_on']} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
+                     f"{r['peak_mib']:.0f} | {ratio('fwd_vs_native')} | {ratio('fwd_bwd_vs_native')} |")
+    (out_dir / "head_dims.md").write_text("\n".join(lines) + "\n")
+
+
+def _out_dir(out, gpu: str) -> Path:
+    """--out, or bench/results/<gpu> (e.g. 'h200' for 'NVIDIA H200')."""
+    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower())).strip("-")
+    return Path(out) if out else Path("bench/results") / slug
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", default="128,256,384,512,640,768,1024,1536,2048")
@@ -518,6 +568,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
     ap.add_argument("--trimul-accuracy", metavar="N_LIST", default=None,
                     help="only the multiplicative update's accuracy against FP64 (on the GPU) at these N")
+    ap.add_argument("--head-dims", metavar="D_LIST", default=None,
+                    help="only our attention at these head dims (padded ones beside their native dim), at --n")
     ap.add_argument("--replot", metavar="REPORT_JSON", default=None,
                     help="rewrite report.md and the plots from an earlier report.json, then stop")
     ap.add_argument("--budget", type=float, default=None,
@@ -532,17 +584,23 @@ def main(argv=None):
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
     gpu = torch.cuda.get_device_name()
     if args.trimul_accuracy:
-        out = Path(args.out) if args.out else Path("bench/results") / re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower())).strip("-")
+        out = _out_dir(args.out, gpu)
         rows = trimul_floor_table([int(n) for n in args.trimul_accuracy.split(",")])
         write_floor_table(rows, out, gpu)
         print(f"written {out}/trimul_accuracy.md")
         return
     Ns = [int(x) for x in args.n.split(",")]
+    if args.head_dims:
+        out = _out_dir(args.out, gpu)
+        command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+        write_head_dim_table(head_dim_table(Ns, [int(d) for d in args.head_dims.split(",")]), out, gpu, command)
+        print(f"written {out}/head_dims.md")
+        return
     if args.quick:
         Ns = [n for n in Ns if n <= 768]
     Ds = [int(x) for x in args.d.split(",")]
     tri_Ns = [int(x) for x in args.trimul_n.split(",")] if args.trimul_n else Ns
-    out = Path(args.out) if args.out else Path("bench/results") / re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower())).strip("-")
+    out = _out_dir(args.out, gpu)
     att = attention_backends()
     tri = trimul_backends()
     for name, b in list(att.items()) + list(tri.items()):
