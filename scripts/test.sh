@@ -21,7 +21,7 @@ fi
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   bash scripts/venv.sh .venv
-  PY=.venv/bin/python
+  PY=$PWD/.venv/bin/python
 fi
 # The package itself, built the way a user builds it; the CMake build tree is kept in
 # build/wheel (pyproject.toml), so a second run only relinks.

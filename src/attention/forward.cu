@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
   }
 
   // Normalise, write O, its residual and the LSE. A row with every key masked has l = 0:
-  // its output is 0 and its LSE +inf, so the backward's P is 0 too.
+  // its output is 0 and its LSE +inf, so the backward's P is 0 too. A NaN l leaves O NaN.
   T* gO = slice_ptr_mut<T>(a.out, b, s, h);
   T* gR = a.res.ptr ? slice_ptr_mut<T>(a.res, b, s, h) : nullptr;
 #pragma unroll
@@ -468,7 +468,9 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
     }
     if (t == 0) {
       const int64_t idx = ((static_cast<int64_t>(b) * a.dims.S + s) * a.dims.H + h) * N + row[r];
-      a.lse[idx] = l > 0.f ? m[r] * unit + logf(l) : INFINITY;
+      // l = 0: every key masked (LSE +inf gives P = 0 in the backward); l = NaN: a non-finite
+      // input reached the row, and a NaN LSE carries it into every gradient instead of hiding it.
+      a.lse[idx] = l > 0.f ? m[r] * unit + logf(l) : (l == 0.f ? INFINITY : NAN);
     }
   }
   phases.mark(6);
