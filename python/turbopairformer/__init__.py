@@ -8,10 +8,12 @@ from ._native import LIBRARY_PATH, version
 from .attention import triangle_attention
 from .modules import (TriangleAttention, TriangleAttentionEndingNode, TriangleAttentionStartingNode,
                       TriangleMultiplicativeUpdate, TriangleMultiplicativeUpdateIncoming)
+from .pairformer import AttentionPairBias, PairBlock, PairformerBlock, PairformerStack, SwiGLUTransition
 from .trimul import triangle_multiplicative_update
 
 __version__ = "0.1.0"
 __all__ = ["triangle_attention", "triangle_multiplicative_update", "TriangleAttention",
            "TriangleAttentionStartingNode", "TriangleAttentionEndingNode",
-           "TriangleMultiplicativeUpdate", "TriangleMultiplicativeUpdateIncoming", "version",
+           "TriangleMultiplicativeUpdate", "TriangleMultiplicativeUpdateIncoming", "PairformerBlock",
+           "PairformerStack", "PairBlock", "AttentionPairBias", "SwiGLUTransition", "version",
            "LIBRARY_PATH"]

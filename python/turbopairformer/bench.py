@@ -568,6 +568,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
     ap.add_argument("--trimul-accuracy", metavar="N_LIST", default=None,
                     help="only the multiplicative update's accuracy against FP64 (on the GPU) at these N")
+    ap.add_argument("--pairformer", action="store_true",
+                    help="only the Pairformer training step (one block, and a 4-block stack with AdamW), at --n")
+    ap.add_argument("--modes", default="eager,compile", help="with --pairformer: eager, compile or both")
     ap.add_argument("--head-dims", metavar="D_LIST", default=None,
                     help="only our attention at these head dims (padded ones beside their native dim), at --n")
     ap.add_argument("--replot", metavar="REPORT_JSON", default=None,
@@ -590,9 +593,15 @@ def main(argv=None):
         print(f"written {out}/trimul_accuracy.md")
         return
     Ns = [int(x) for x in args.n.split(",")]
+    command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.pairformer:
+        from . import bench_pairformer
+        out = _out_dir(args.out, gpu)
+        bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command)
+        print(f"written {out}/pairformer.md")
+        return
     if args.head_dims:
         out = _out_dir(args.out, gpu)
-        command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
         write_head_dim_table(head_dim_table(Ns, [int(d) for d in args.head_dims.split(",")]), out, gpu, command)
         print(f"written {out}/head_dims.md")
         return

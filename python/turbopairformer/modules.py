@@ -1,6 +1,9 @@
 """nn.Modules that drop into OpenFold3-style models. Parameter names follow OpenFold3's
-TriangleAttention (layer_norm, linear_z, mha.linear_{q,k,v,o,g}), so its checkpoints load
-unchanged with load_state_dict."""
+TriangleAttention (layer_norm, linear_z, mha.linear_{q,k,v,o,g}) and TriangleMultiplication
+(linear_{a,b}_{p,g}, linear_g, linear_z, layer_norm_{in,out}), so its checkpoints load unchanged
+with load_state_dict. `bias=False` gives OpenFold3's AF3 configuration (no biases on the gate,
+output and multiplicative-update projections), which the Pairformer modules use; the default
+keeps biases, as in OpenFold's AF2 layers."""
 from __future__ import annotations
 
 import math
@@ -8,6 +11,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .attention import triangle_attention
 from .trimul import triangle_multiplicative_update
@@ -16,66 +20,85 @@ from .trimul import triangle_multiplicative_update
 class _GatedAttentionProjections(nn.Module):
     """The projections of OpenFold3's gated multi-head Attention (no biases on q, k, v)."""
 
-    def __init__(self, c_in: int, c_hidden: int, no_heads: int):
+    def __init__(self, c_in: int, c_hidden: int, no_heads: int, bias: bool, q_bias: bool = False):
         super().__init__()
-        self.linear_q = nn.Linear(c_in, c_hidden * no_heads, bias=False)
+        self.linear_q = nn.Linear(c_in, c_hidden * no_heads, bias=q_bias)
         self.linear_k = nn.Linear(c_in, c_hidden * no_heads, bias=False)
         self.linear_v = nn.Linear(c_in, c_hidden * no_heads, bias=False)
-        self.linear_o = nn.Linear(c_hidden * no_heads, c_in)
-        self.linear_g = nn.Linear(c_in, c_hidden * no_heads)
+        self.linear_o = nn.Linear(c_hidden * no_heads, c_in, bias=bias)
+        self.linear_g = nn.Linear(c_in, c_hidden * no_heads, bias=bias)
+
+
+def _cat_linear(x: torch.Tensor, layers, pad_to: int = 1) -> torch.Tensor:
+    """One GEMM for several nn.Linear layers on the same input: their weights stacked (the output
+    width zero-padded to a multiple of pad_to, so that every row of the result starts 16-byte
+    aligned), absent biases as zeros. Returns [*, sum of widths (+ pad)]."""
+    w = torch.cat([l.weight for l in layers])
+    if any(l.bias is not None for l in layers):
+        b = torch.cat([l.bias if l.bias is not None else w.new_zeros(l.out_features) for l in layers])
+    else:
+        b = None
+    extra = -w.shape[0] % pad_to
+    if extra:
+        w = torch.cat([w, w.new_zeros(extra, w.shape[1])])
+        b = torch.cat([b, b.new_zeros(extra)]) if b is not None else None
+    return F.linear(x, w, b)
 
 
 class TriangleAttention(nn.Module):
     """Triangle self-attention around the starting node (AF3 Algorithm 14) or, with
     starting=False, the ending node (Algorithm 15), on a pair tensor x: [*, I, J, c_in].
 
-    c_hidden is the per-head width (OpenFold3's convention); the fused kernel runs on CUDA for
-    c_hidden in {16, 32, 64, 128}. mask: [*, I, J], 1/True = valid.
+    The LayerNorm feeds one GEMM for q, k, v, the gate and the pair bias; the kernel reads q, k,
+    v straight from its output through strides (the ending node too: no transposed copy of x or
+    of the output). c_hidden is the per-head width (OpenFold3's convention): a multiple of 8 up
+    to 128 (16, 32, 64 and 128 run natively, the others zero-padded). mask: [*, I, J], 1 = valid.
     """
 
     def __init__(self, c_in: int, c_hidden: int, no_heads: int, starting: bool = True,
-                 inf: float = 1e9, compensate: bool = True):
+                 compensate: bool = True, bias: bool = True):
         super().__init__()
         self.c_in, self.c_hidden, self.no_heads = c_in, c_hidden, no_heads
-        self.starting, self.inf, self.compensate = starting, inf, compensate
+        self.starting, self.compensate = starting, compensate
         self.layer_norm = nn.LayerNorm(c_in)
         self.linear_z = nn.Linear(c_in, no_heads, bias=False)
-        self.mha = _GatedAttentionProjections(c_in, c_hidden, no_heads)
+        self.mha = _GatedAttentionProjections(c_in, c_hidden, no_heads, bias)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if not self.starting:
-            x = x.transpose(-2, -3)
-            mask = mask.transpose(-1, -2) if mask is not None else None
         lead = x.shape[:-3]
-        x = self.layer_norm(x).reshape(-1, *x.shape[-3:])            # [B, I, J, C]
+        x = self.layer_norm(x.reshape(-1, *x.shape[-3:]))                  # [B, I, J, C]
         B, I, J, _ = x.shape
         H, c = self.no_heads, self.c_hidden
-        # [B, 1, H, I, J], contiguous so that the kernel streams it with vector loads
-        bias = self.linear_z(x).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
-
-        def heads(t):  # [B, I, J, H*c] -> [B, I, H, J, c], a view of OpenFold3's layout
-            return t.view(B, I, J, H, c).transpose(-2, -3)
-
-        q, k, v = heads(self.mha.linear_q(x)), heads(self.mha.linear_k(x)), heads(self.mha.linear_v(x))
+        m = self.mha
+        proj = _cat_linear(x, (m.linear_q, m.linear_k, m.linear_v, m.linear_g, self.linear_z), 8)
+        # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
+        # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views of proj.
+        order, back = ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if self.starting else \
+            ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
+        q, k, v, g = (proj[..., t * H * c:(t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4))
+        q, k, v = (t.permute(order) for t in (q, k, v))
+        # bias[b, h, q, k] = z[q, k, h] (starting) or z[k, q, h] (ending): [B, 1, H, N, N],
+        # contiguous so that the kernel streams it with vector loads (H N^2 values)
+        zb = proj[..., 4 * H * c:4 * H * c + H]
+        bias = (zb.permute(0, 3, 1, 2) if self.starting else zb.permute(0, 3, 2, 1))
+        bias = bias.unsqueeze(1).contiguous()
         attn_mask = None
         if mask is not None:
-            attn_mask = mask.reshape(B, I, 1, 1, J).to(torch.bool)
+            mask = mask.reshape(B, I, J).to(torch.bool)
+            attn_mask = (mask if self.starting else mask.transpose(-1, -2))[:, :, None, None, :]
         o = triangle_attention(q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c),
-                               compensate=self.compensate)              # [B, I, H, J, c]
-        o = o.transpose(-2, -3) * torch.sigmoid(self.mha.linear_g(x)).view(B, I, J, H, c)
-        o = self.mha.linear_o(o.reshape(B, I, J, H * c)).reshape(*lead, I, J, self.c_in)
-        if not self.starting:
-            o = o.transpose(-2, -3)
-        return o
+                               compensate=self.compensate)                # [B, S, H, N, c]
+        o = torch.sigmoid(g) * o.permute(back)                # [B, I, J, H, c], g's layout
+        return m.linear_o(o.reshape(B, I, J, H * c)).reshape(*lead, I, J, self.c_in)
 
 
 TriangleAttentionStartingNode = TriangleAttention
 
 
 class TriangleAttentionEndingNode(TriangleAttention):
-    def __init__(self, c_in: int, c_hidden: int, no_heads: int, inf: float = 1e9,
-                 compensate: bool = True):
-        super().__init__(c_in, c_hidden, no_heads, starting=False, inf=inf, compensate=compensate)
+    def __init__(self, c_in: int, c_hidden: int, no_heads: int, compensate: bool = True,
+                 bias: bool = True):
+        super().__init__(c_in, c_hidden, no_heads, starting=False, compensate=compensate, bias=bias)
 
 
 class TriangleMultiplicativeUpdate(nn.Module):
@@ -84,15 +107,16 @@ class TriangleMultiplicativeUpdate(nn.Module):
     linear_z, layer_norm_in, layer_norm_out), so its checkpoints load unchanged.
     mask: [*, N, N], applied to the projections a and b."""
 
-    def __init__(self, c_z: int, c_hidden: int, outgoing: bool = True, eps: float = 1e-5):
+    def __init__(self, c_z: int, c_hidden: int, outgoing: bool = True, eps: float = 1e-5,
+                 bias: bool = True):
         super().__init__()
         self.c_z, self.c_hidden, self.outgoing, self.eps = c_z, c_hidden, outgoing, eps
-        self.linear_a_p = nn.Linear(c_z, c_hidden)
-        self.linear_a_g = nn.Linear(c_z, c_hidden)
-        self.linear_b_p = nn.Linear(c_z, c_hidden)
-        self.linear_b_g = nn.Linear(c_z, c_hidden)
-        self.linear_g = nn.Linear(c_z, c_z)
-        self.linear_z = nn.Linear(c_hidden, c_z)
+        self.linear_a_p = nn.Linear(c_z, c_hidden, bias=bias)
+        self.linear_a_g = nn.Linear(c_z, c_hidden, bias=bias)
+        self.linear_b_p = nn.Linear(c_z, c_hidden, bias=bias)
+        self.linear_b_g = nn.Linear(c_z, c_hidden, bias=bias)
+        self.linear_g = nn.Linear(c_z, c_z, bias=bias)
+        self.linear_z = nn.Linear(c_hidden, c_z, bias=bias)
         self.layer_norm_in = nn.LayerNorm(c_z, eps=eps)
         self.layer_norm_out = nn.LayerNorm(c_hidden, eps=eps)
 
@@ -103,13 +127,14 @@ class TriangleMultiplicativeUpdate(nn.Module):
             z = z.to(torch.bfloat16)  # the CUDA kernels take bf16 pair tensors
         if mask is not None:
             mask = mask.reshape(-1, *mask.shape[-2:])
+        cat = lambda a, b: torch.cat([a, b]) if a is not None else None  # noqa: E731
         out = triangle_multiplicative_update(
             z, "outgoing" if self.outgoing else "incoming", mask,
             norm_in_weight=self.layer_norm_in.weight, norm_in_bias=self.layer_norm_in.bias,
-            p_in_weight=torch.cat([self.linear_a_p.weight, self.linear_b_p.weight]),
-            p_in_bias=torch.cat([self.linear_a_p.bias, self.linear_b_p.bias]),
-            g_in_weight=torch.cat([self.linear_a_g.weight, self.linear_b_g.weight]),
-            g_in_bias=torch.cat([self.linear_a_g.bias, self.linear_b_g.bias]),
+            p_in_weight=cat(self.linear_a_p.weight, self.linear_b_p.weight),
+            p_in_bias=cat(self.linear_a_p.bias, self.linear_b_p.bias),
+            g_in_weight=cat(self.linear_a_g.weight, self.linear_b_g.weight),
+            g_in_bias=cat(self.linear_a_g.bias, self.linear_b_g.bias),
             norm_out_weight=self.layer_norm_out.weight, norm_out_bias=self.layer_norm_out.bias,
             p_out_weight=self.linear_z.weight, p_out_bias=self.linear_z.bias,
             g_out_weight=self.linear_g.weight, g_out_bias=self.linear_g.bias, eps=self.eps)
@@ -117,5 +142,5 @@ class TriangleMultiplicativeUpdate(nn.Module):
 
 
 class TriangleMultiplicativeUpdateIncoming(TriangleMultiplicativeUpdate):
-    def __init__(self, c_z: int, c_hidden: int, eps: float = 1e-5):
-        super().__init__(c_z, c_hidden, outgoing=False, eps=eps)
+    def __init__(self, c_z: int, c_hidden: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__(c_z, c_hidden, outgoing=False, eps=eps, bias=bias)

@@ -1,7 +1,13 @@
-"""Plain-PyTorch references used by the tests (float64, straight from DESIGN.md)."""
+"""Plain-PyTorch references used by the tests (float64, straight from DESIGN.md); the OpenFold3
+layer references live in the package (turbopairformer.reference), where the benchmark uses them."""
 import math
 
 import torch
+
+from turbopairformer.reference import (OpenFold3AttentionPairBias, OpenFold3PairBlock,  # noqa: F401
+                                     OpenFold3PairFormerBlock, OpenFold3SwiGLUTransition,
+                                     OpenFold3TriangleAttention,
+                                     OpenFold3TriangleMultiplicativeUpdate)
 
 
 def attention_reference(q, k, v, bias, mask=None, scale=None):
@@ -19,70 +25,6 @@ def attention_reference(q, k, v, bias, mask=None, scale=None):
     s = torch.where(mask, scale * q @ k.transpose(-1, -2) + bias, float("-inf"))
     p = torch.where(mask & mask.any(-1, keepdim=True), torch.softmax(s, dim=-1), 0.0)
     return p @ v
-
-
-class OpenFold3TriangleAttention(torch.nn.Module):
-    """OpenFold3's TriangleAttention written out in plain PyTorch (same parameter names)."""
-
-    def __init__(self, c_in, c_hidden, no_heads, starting=True, inf=1e9):
-        super().__init__()
-        self.c_hidden, self.no_heads, self.starting, self.inf = c_hidden, no_heads, starting, inf
-        self.layer_norm = torch.nn.LayerNorm(c_in)
-        self.linear_z = torch.nn.Linear(c_in, no_heads, bias=False)
-        self.mha = torch.nn.Module()
-        self.mha.linear_q = torch.nn.Linear(c_in, c_hidden * no_heads, bias=False)
-        self.mha.linear_k = torch.nn.Linear(c_in, c_hidden * no_heads, bias=False)
-        self.mha.linear_v = torch.nn.Linear(c_in, c_hidden * no_heads, bias=False)
-        self.mha.linear_o = torch.nn.Linear(c_hidden * no_heads, c_in)
-        self.mha.linear_g = torch.nn.Linear(c_in, c_hidden * no_heads)
-
-    def forward(self, x, mask=None):
-        if mask is None:
-            mask = x.new_ones(x.shape[:-1])
-        if not self.starting:
-            x, mask = x.transpose(-2, -3), mask.transpose(-1, -2)
-        x = self.layer_norm(x)
-        mask_bias = (self.inf * (mask - 1))[..., :, None, None, :]
-        tri_bias = self.linear_z(x).permute(*range(x.dim() - 3), -1, -3, -2).unsqueeze(-4)
-
-        def heads(t):
-            return t.view(*t.shape[:-1], self.no_heads, self.c_hidden).transpose(-2, -3)
-
-        q = heads(self.mha.linear_q(x)) / math.sqrt(self.c_hidden)
-        k, v = heads(self.mha.linear_k(x)), heads(self.mha.linear_v(x))
-        a = torch.softmax(q @ k.transpose(-1, -2) + mask_bias + tri_bias, dim=-1)
-        o = (a @ v).transpose(-2, -3)
-        o = o * torch.sigmoid(self.mha.linear_g(x)).view(o.shape)
-        o = self.mha.linear_o(o.reshape(*o.shape[:-2], -1))
-        return o.transpose(-2, -3) if not self.starting else o
-
-
-class OpenFold3TriangleMultiplicativeUpdate(torch.nn.Module):
-    """OpenFold3's TriangleMultiplicativeUpdate written out in plain PyTorch (same names)."""
-
-    def __init__(self, c_z, c_hidden, outgoing=True):
-        super().__init__()
-        self.outgoing = outgoing
-        for name in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g"):
-            setattr(self, name, torch.nn.Linear(c_z, c_hidden))
-        self.linear_g = torch.nn.Linear(c_z, c_z)
-        self.linear_z = torch.nn.Linear(c_hidden, c_z)
-        self.layer_norm_in = torch.nn.LayerNorm(c_z)
-        self.layer_norm_out = torch.nn.LayerNorm(c_hidden)
-
-    def forward(self, z, mask=None):
-        if mask is None:
-            mask = z.new_ones(z.shape[:-1])
-        mask = mask.unsqueeze(-1)
-        z = self.layer_norm_in(z)
-        a = mask * torch.sigmoid(self.linear_a_g(z)) * self.linear_a_p(z)
-        b = mask * torch.sigmoid(self.linear_b_g(z)) * self.linear_b_p(z)
-        if self.outgoing:
-            x = torch.einsum("...ikc,...jkc->...ijc", a, b)
-        else:
-            x = torch.einsum("...kic,...kjc->...ijc", a, b)
-        x = self.linear_z(self.layer_norm_out(x))
-        return x * torch.sigmoid(self.linear_g(z))
 
 
 def assert_module_matches(ref, ours, x, mask, atol=1e-9):

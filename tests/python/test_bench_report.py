@@ -115,3 +115,17 @@ def test_a_failing_case_is_recorded_and_the_run_goes_on():
         bench.run_case(row, body, lambda: saved.append(1))
         assert row["status"] == status and "case_s" in row
     assert len(saved) == 3
+
+
+def test_pairformer_report_files(tmp_path):
+    from turbopairformer import bench_pairformer
+    rows = [{"backend": "turbopairformer", "mode": "eager", "N": 384, "first_call_s": 1.0,
+             "block_fwd_bwd_ms": 12.5, "block_peak_gib": 2.0, "stack4_step_ms": 60.0,
+             "stack4_peak_gib": 3.0, "z_rel_err_vs_fp32": 1e-2, "s_rel_err_vs_fp32": 2e-2,
+             "grads_bitwise_repeatable": True},
+            {"backend": "pytorch", "mode": "compile", "N": 1024, "status": "out of memory"}]
+    bench_pairformer.write(rows, tmp_path, "Fake GPU", "python -m turbopairformer.bench --pairformer")
+    md = (tmp_path / "pairformer.md").read_text()
+    assert "| turbopairformer | eager | 384 | 12.50 | 2.00 | 60.0 | 3.00 | 1.00e-02 | 2.00e-02 | yes | 1.0 |" in md
+    assert "| pytorch | compile | 1024 | out of memory |" in md
+    assert json.loads((tmp_path / "pairformer.json").read_text())["rows"][1]["status"] == "out of memory"

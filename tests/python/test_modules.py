@@ -27,6 +27,9 @@ def pair(B=2, N=6, C=8, dtype=torch.float64, device="cpu", seed=0):
 
 def test_state_dict_keys_match_openfold3():
     assert set(tpf.TriangleAttention(8, 8, 2).state_dict()) == OPENFOLD3_KEYS
+    # OpenFold3's AF3 configuration: no biases on the gate and output projections
+    af3 = OPENFOLD3_KEYS - {"mha.linear_o.bias", "mha.linear_g.bias"}
+    assert set(tpf.TriangleAttentionEndingNode(8, 8, 2, bias=False).state_dict()) == af3
 
 
 @pytest.mark.parametrize("starting", [True, False])

@@ -22,6 +22,16 @@ def inputs(B=2, N=6, C=5, seed=0):
 
 def test_state_dict_keys_match_openfold3():
     assert set(tpf.TriangleMultiplicativeUpdate(8, 4).state_dict()) == OPENFOLD3_KEYS
+    af3 = {k for k in OPENFOLD3_KEYS if k.startswith("layer_norm") or k.endswith("weight")}
+    assert set(tpf.TriangleMultiplicativeUpdate(8, 4, bias=False).state_dict()) == af3
+
+
+@pytest.mark.parametrize("outgoing", [True, False])
+def test_without_biases_matches_openfold3_af3_module(outgoing):
+    torch.manual_seed(4)
+    z, mask = inputs()
+    assert_module_matches(OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing, bias=False).double(),
+                          tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing, bias=False).double(), z, mask)
 
 
 @pytest.mark.parametrize("outgoing", [True, False])

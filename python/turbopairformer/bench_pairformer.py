@@ -1,0 +1,166 @@
+"""The Pairformer training step: one block's forward + backward, and a 4-block stack's full
+optimizer step (forward, backward, AdamW), for each backend, eager and under torch.compile.
+
+    python -m turbopairformer.bench --pairformer [--n 256,384,512,640,768,1024] [--modes eager,compile]
+
+OpenFold3's training configuration: c_s = 384, c_z = 128, multiplicative-update hidden 128,
+triangle attention 4 heads x 32, AttentionPairBias 16 heads x 24, SwiGLU transitions n = 4,
+pair dropout 0.25 (training mode), B = 1, 5% padded tokens, bf16 autocast with fp32 weights, one
+block per activation checkpoint in the stack. Backends: ours (turbopairformer.PairformerBlock)
+and OpenFold3's block in plain PyTorch (turbopairformer.reference), both loading the same
+weights. Measures: median CUDA-event time, peak extra memory, the relative error over valid
+pairs against an fp32 run of the plain-PyTorch block (same weights, no autocast), and whether
+two backward passes give bitwise-identical parameter gradients (dropout off for that check).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PAD = 0.05
+
+
+def _backends():
+    """name -> (block class, stack class); both take OpenFold3's configuration by default."""
+    from .pairformer import PairformerBlock, PairformerStack
+    from .reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack
+    return {"turbopairformer": (PairformerBlock, PairformerStack),
+            "pytorch": (OpenFold3PairFormerBlock, OpenFold3PairFormerStack)}
+
+
+def _inputs(N, seed=0, c_s=384, c_z=128):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    s = torch.randn(1, N, c_s, device="cuda", generator=g)
+    z = torch.randn(1, N, N, c_z, device="cuda", generator=g)
+    sm = torch.ones(1, N, device="cuda")
+    sm[:, N - int(PAD * N):] = 0
+    return s, z, sm, sm[:, :, None] * sm[:, None, :]
+
+
+def _loss(so, zo, sm, pm):
+    return (so.float() * sm[..., None]).square().mean() + (zo.float() * pm[..., None]).square().mean()
+
+
+def _median_ms(fn, iters):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure(name, mode, N, weights, iters=10):
+    block_cls, stack_cls = _backends()[name]
+    block = block_cls().cuda()
+    block.load_state_dict(weights)
+    block.train()
+    fn = torch.compile(block) if mode == "compile" else block
+    s, z, sm, pm = _inputs(N)
+    s.requires_grad_(True)
+    z.requires_grad_(True)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            so, zo = fn(s, z, sm, pm)
+        _loss(so, zo, sm, pm).backward()
+
+    row = {"backend": name, "mode": mode, "N": N}
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    step()  # compile (and first-call) time, reported apart
+    torch.cuda.synchronize()
+    row["first_call_s"] = round(time.monotonic() - t0, 1)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    row["block_fwd_bwd_ms"] = _median_ms(step, iters)
+    row["block_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+
+    # accuracy and repeatability, dropout off
+    block.eval()
+    grads = []
+    for _ in range(2):
+        block.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            so, zo = fn(s, z, sm, pm)
+        _loss(so, zo, sm, pm).backward()
+        grads.append([p.grad.clone() for p in block.parameters()])
+    row["grads_bitwise_repeatable"] = all(torch.equal(a, b) for a, b in zip(*grads))
+    ref = _backends()["pytorch"][0]().cuda().eval()
+    ref.load_state_dict(weights)
+    with torch.no_grad():
+        rs, rz = ref(s, z, sm, pm)
+    v = sm[0].bool()
+    rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()  # noqa: E731
+    row["z_rel_err_vs_fp32"] = rel(zo.detach()[:, v][:, :, v], rz[:, v][:, :, v])
+    row["s_rel_err_vs_fp32"] = rel(so.detach()[:, v], rs[:, v])
+    del block, fn, ref, grads
+    torch.cuda.empty_cache()
+
+    stack = stack_cls(no_blocks=4, blocks_per_ckpt=1).cuda()
+    for blk in stack.blocks:
+        blk.load_state_dict(weights)
+    sfn = torch.compile(stack) if mode == "compile" else stack
+    opt = torch.optim.AdamW(stack.parameters(), lr=1e-4)
+    s2, z2 = s.detach(), z.detach()
+
+    def opt_step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            so, zo = sfn(s2, z2, sm, pm)
+        _loss(so, zo, sm, pm).backward()
+        opt.step()
+
+    opt_step()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    row["stack4_step_ms"] = _median_ms(opt_step, max(3, iters // 2))
+    row["stack4_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    del stack, sfn, opt
+    torch.cuda.empty_cache()
+    return row
+
+
+def run(Ns, modes, out_dir: Path, gpu: str, command: str):
+    from .reference import OpenFold3PairFormerBlock
+    torch.manual_seed(0)
+    weights = {n: p.detach().cuda() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
+    cases = [(b, m, N) for N in Ns for m in modes for b in _backends()]
+    rows = []
+    for i, (b, m, N) in enumerate(cases):
+        print(f"[{i + 1}/{len(cases)}] {b} {m} N={N}", file=sys.stderr, flush=True)
+        try:
+            rows.append(measure(b, m, N, weights))
+        except torch.cuda.OutOfMemoryError:
+            rows.append({"backend": b, "mode": m, "N": N, "status": "out of memory"})
+            torch.cuda.empty_cache()
+        write(rows, out_dir, gpu, command)  # partial results survive a kill
+    return rows
+
+
+def write(rows, out_dir: Path, gpu: str, command: str):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "pairformer.json").write_text(json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1))
+    lines = [f"# Pairformer training step ({gpu})", "", f"`{command}`", "", __doc__.split("\n\n", 2)[2].strip(), "",
+             "| backend | mode | N | block fwd+bwd ms | block peak GiB | 4-block AdamW step ms | stack peak GiB "
+             "| z err vs fp32 | s err vs fp32 | grads bitwise repeatable | first call s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "status" in r:
+            lines.append(f"| {r['backend']} | {r['mode']} | {r['N']} | {r['status']} |||||||")
+            continue
+        lines.append(f"| {r['backend']} | {r['mode']} | {r['N']} | {r['block_fwd_bwd_ms']:.2f} | {r['block_peak_gib']:.2f} "
+                     f"| {r['stack4_step_ms']:.1f} | {r['stack4_peak_gib']:.2f} | {r['z_rel_err_vs_fp32']:.2e} "
+                     f"| {r['s_rel_err_vs_fp32']:.2e} | {'yes' if r['grads_bitwise_repeatable'] else 'NO'} | {r['first_call_s']} |")
+    (out_dir / "pairformer.md").write_text("\n".join(lines) + "\n")

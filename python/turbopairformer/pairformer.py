@@ -1,0 +1,150 @@
+"""The Pairformer (AF3 Algorithm 17) with OpenFold3's module structure and parameter names, so
+that an OpenFold3 `PairFormerStack` state_dict loads unchanged:
+
+    blocks.{i}.pair_stack.{tri_mul_out, tri_mul_in, tri_att_start, tri_att_end, pair_transition}
+    blocks.{i}.attn_pair_bias.{layer_norm_a, layer_norm_z, linear_z, mha.linear_{q,k,v,o,g}}
+    blocks.{i}.single_transition.{layer_norm, swiglu.linear_{a,b}, linear_out}
+
+The triangle ops run on our kernels; the single track's attention runs on our attention kernel
+with one slice. Pair dropout follows OpenFold3: one mask shared along the rows (dim -3) for the
+multiplicative updates and the starting node, along the columns for the ending node; off in eval.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .attention import triangle_attention
+from .modules import (TriangleAttention, TriangleMultiplicativeUpdate, _cat_linear,
+                      _GatedAttentionProjections)
+
+
+def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
+    """Dropout whose mask is shared along `dim` (OpenFold3's Dropout(batch_dim=dim))."""
+    if not training or p == 0.0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = 1
+    return x * F.dropout(x.new_ones(shape), p, True)
+
+
+class SwiGLUTransition(nn.Module):
+    """OpenFold3's SwiGLUTransition (AF3 Algorithm 11): LayerNorm, silu(x Wa) * (x Wb), then the
+    down projection, times the mask. The two up projections run as one GEMM."""
+
+    def __init__(self, c_in: int, n: int = 4):
+        super().__init__()
+        self.c_in, self.n = c_in, n
+        self.layer_norm = nn.LayerNorm(c_in)
+        self.swiglu = nn.Module()
+        self.swiglu.linear_a = nn.Linear(c_in, n * c_in, bias=False)
+        self.swiglu.linear_b = nn.Linear(c_in, n * c_in, bias=False)
+        self.linear_out = nn.Linear(n * c_in, c_in, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        a, b = _cat_linear(self.layer_norm(x), (self.swiglu.linear_a, self.swiglu.linear_b)).chunk(2, -1)
+        x = self.linear_out(F.silu(a) * b)
+        return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
+
+
+class AttentionPairBias(nn.Module):
+    """OpenFold3's AttentionPairBias as the Pairformer uses it (no AdaLN, gated): the single
+    representation attends over tokens with a bias from the pair tensor. It runs on the triangle
+    attention kernel with one slice; masked tokens are masked keys."""
+
+    def __init__(self, c_s: int, c_z: int, c_hidden: int, no_heads: int):
+        super().__init__()
+        self.c_hidden, self.no_heads = c_hidden, no_heads
+        self.layer_norm_a = nn.LayerNorm(c_s)
+        self.layer_norm_z = nn.LayerNorm(c_z)
+        self.linear_z = nn.Linear(c_z, no_heads, bias=False)
+        self.mha = _GatedAttentionProjections(c_s, c_hidden, no_heads, bias=False, q_bias=True)
+
+    def forward(self, a: torch.Tensor, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        B, N, _ = a.shape
+        H, c = self.no_heads, self.c_hidden
+        a = self.layer_norm_a(a)
+        m = self.mha
+        proj = _cat_linear(a, (m.linear_q, m.linear_k, m.linear_v, m.linear_g), 8)   # [B, N, 4Hc]
+        q, k, v, g = (proj[..., t * H * c:(t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4))
+        q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in (q, k, v))   # [B, 1, H, N, c]
+        bias = self.linear_z(self.layer_norm_z(z)).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
+        key_mask = None if mask is None else mask.reshape(B, 1, 1, 1, N).to(torch.bool)
+        o = triangle_attention(q, k, v, bias.to(q.dtype), key_mask, scale=1.0 / math.sqrt(c))
+        o = torch.sigmoid(g) * o[:, 0].transpose(1, 2)                  # [B, N, H, c]
+        return m.linear_o(o.reshape(B, N, H * c))
+
+
+class PairBlock(nn.Module):
+    """OpenFold3's PairBlock: both multiplicative updates, both triangle attentions, the pair
+    transition, each added to z with pair dropout as OpenFold3 applies it."""
+
+    def __init__(self, c_z: int = 128, c_hidden_mul: int = 128, c_hidden_pair_att: int = 32,
+                 no_heads_pair: int = 4, transition_n: int = 4, pair_dropout: float = 0.25):
+        super().__init__()
+        self.pair_dropout = pair_dropout
+        self.tri_mul_out = TriangleMultiplicativeUpdate(c_z, c_hidden_mul, outgoing=True, bias=False)
+        self.tri_mul_in = TriangleMultiplicativeUpdate(c_z, c_hidden_mul, outgoing=False, bias=False)
+        self.tri_att_start = TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, starting=True, bias=False)
+        self.tri_att_end = TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, starting=False, bias=False)
+        self.pair_transition = SwiGLUTransition(c_z, transition_n)
+
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        drop = lambda x, dim: _shared_dropout(x, self.pair_dropout, self.training, dim)  # noqa: E731
+        z = z + drop(self.tri_mul_out(z, pair_mask), -3)
+        z = z + drop(self.tri_mul_in(z, pair_mask), -3)
+        z = z + drop(self.tri_att_start(z, pair_mask), -3)
+        z = z + drop(self.tri_att_end(z, pair_mask), -2)     # column-wise: the transposed rows
+        return z + self.pair_transition(z, pair_mask)
+
+
+class PairformerBlock(nn.Module):
+    """One block of AF3 Algorithm 17 (OpenFold3's PairFormerBlock): the pair stack, then the
+    single track's attention with pair bias and its transition. s: [B, N, c_s], z: [B, N, N, c_z],
+    single_mask: [B, N], pair_mask: [B, N, N] (1 = valid)."""
+
+    def __init__(self, c_s: int = 384, c_z: int = 128, c_hidden_pair_bias: int = 24,
+                 no_heads_pair_bias: int = 16, c_hidden_mul: int = 128, c_hidden_pair_att: int = 32,
+                 no_heads_pair: int = 4, transition_n: int = 4, pair_dropout: float = 0.25):
+        super().__init__()
+        self.pair_stack = PairBlock(c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair,
+                                    transition_n, pair_dropout)
+        self.attn_pair_bias = AttentionPairBias(c_s, c_z, c_hidden_pair_bias, no_heads_pair_bias)
+        self.single_transition = SwiGLUTransition(c_s, transition_n)
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor,
+                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.pair_stack(z, pair_mask)
+        s = s + self.attn_pair_bias(s, z, single_mask)
+        return s + self.single_transition(s, single_mask), z
+
+
+class PairformerStack(nn.Module):
+    """OpenFold3's PairFormerStack: no_blocks PairformerBlocks; with gradients enabled, every
+    blocks_per_ckpt blocks form one activation checkpoint (None: no checkpointing)."""
+
+    def __init__(self, no_blocks: int = 48, blocks_per_ckpt: Optional[int] = 1, **block_kwargs):
+        super().__init__()
+        if blocks_per_ckpt is not None and blocks_per_ckpt < 1:
+            raise ValueError(f"turbopairformer: argument 'blocks_per_ckpt': expected None or >= 1, got {blocks_per_ckpt}")
+        self.blocks_per_ckpt = blocks_per_ckpt
+        self.blocks = nn.ModuleList(PairformerBlock(**block_kwargs) for _ in range(no_blocks))
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor,
+                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def run(first: int, last: int, s, z):
+            for block in self.blocks[first:last]:
+                s, z = block(s, z, single_mask, pair_mask)
+            return s, z
+
+        step = self.blocks_per_ckpt
+        if step is None or not torch.is_grad_enabled():
+            return run(0, len(self.blocks), s, z)
+        for first in range(0, len(self.blocks), step):
+            s, z = checkpoint(run, first, first + step, s, z, use_reentrant=False)
+        return s, z
