@@ -1,39 +1,126 @@
 #!/usr/bin/env bash
-# Maintainer's driver for a machine with an sm_90a GPU (H100/H200). Run from the repository root.
+# The maintainer's driver on a machine with an sm_90a GPU (H100/H200), run from the repository
+# root. Outputs go to $OUT (default /tmp/out); every step is time-limited.
 #
-#   scripts/device.sh wheel-test [WHEEL]   # a fresh virtual environment, `pip install` of a wheel
-#                                          # built elsewhere (default dist/*.whl), `tpf info`, then
-#                                          # the whole pytest suite (GPU tests included) against it
-#   scripts/device.sh gpu-tests [BUILD]    # the C++ GPU suite of a build tree (default build/)
-#   scripts/device.sh head-dims [OUT]      # bench of every head dim, padded and native
+#   scripts/device.sh validate [BUILD]        everything the committed results come from: GPU tests,
+#                                             sanitizers, accuracy table, tpf bench, trimul table
+#   scripts/device.sh gpu-tests [BUILD]       the C++ GPU suite of a build tree (default build/)
+#   scripts/device.sh sanitize [BUILD]        memcheck, racecheck, synccheck on small cases of both ops
+#   scripts/device.sh accuracy [TPF] [DIR]    attention accuracy and determinism tables
+#   scripts/device.sh ab ROUNDS "ARGS" BIN... alternating A/B rounds of `tpf bench ARGS` over builds
+#                                             (each BIN a folder with a tpf binary), then medians
+#   scripts/device.sh profile TPF [ARGS...]   per-kernel times of one `tpf bench ARGS` (Nsight Compute)
+#   scripts/device.sh wheel-test [WHEEL]      a fresh virtual environment, `pip install` of a wheel
+#                                             built elsewhere (default dist/*.whl), `tpf info`, and
+#                                             the whole pytest suite against it
+#   scripts/device.sh head-dims [DIR]         our attention at every head dim, padded and native
+#   scripts/device.sh pairformer [DIR] [N]    the Pairformer training step, ours and plain PyTorch
 #
-# PyTorch is taken from the machine's python3 (its site-packages are linked into the fresh
-# environment), as a user's existing PyTorch would be. TPF_VENV=DIR keeps the environment at DIR;
-# PY=DIR/bin/python then runs head-dims with the installed wheel.
-set -euo pipefail
+# PyTorch comes from the machine's python3. wheel-test links its site-packages into the fresh
+# environment, as a user's existing PyTorch would be; TPF_VENV=DIR keeps that environment at DIR,
+# and PY=DIR/bin/python then runs head-dims and pairformer on the installed wheel.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
 cmd=${1:-}
+[ $# -gt 0 ] && shift
+
+sanitize() {  # small cases of each op under every compute-sanitizer tool
+  local build=${1:-build} spec prefix filter tool
+  for spec in "sanitize_|*S3_N7_*:*S3_N64_*:*S3_N100_D128*:*S13_N40*:*S5_N77*" \
+              "sanitize_trimul_|*GpuTrimul*B2_N17*:*GpuTrimul*B1_N7_C64_Ch64_out*"; do
+    prefix=${spec%%|*} filter=${spec#*|}
+    for tool in memcheck racecheck synccheck; do
+      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/cpp/tpf_gpu_tests" \
+        --gtest_filter="$filter" --gtest_brief=1 > "$OUT/$prefix$tool.txt" 2>&1
+      echo "$prefix$tool rc=$? $(tail -1 "$OUT/$prefix$tool.txt")"
+    done
+  done
+}
+
 case "$cmd" in
+  validate)
+    build=${1:-build}
+    nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
+    timeout 300 "$build/tests/cpp/tpf_gpu_tests" --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? $(tail -1 "$OUT/gpu_tests.txt")"
+    sanitize "$build"
+    timeout 300 "$build/tpf" accuracy --n 384,640,768 --d 16,32 --heads 4 --out "$OUT" > /dev/null 2>&1
+    echo "accuracy rc=$?"
+    timeout 200 "$build/tpf" trimul-table --n 384,768,1024,2048 --ref-max-n 768 --out "$OUT" > /dev/null 2>&1
+    echo "trimul table rc=$?"
+    timeout 300 "$build/tpf" bench --n 384,640,768 --d 16,32 2>/dev/null | tee "$OUT/attention_bench.txt"
+    timeout 120 "$build/tpf" check > "$OUT/tpf_check.txt" 2>&1; echo "tpf check rc=$?"
+    ;;
+  gpu-tests)
+    "${1:-build}/tests/cpp/tpf_gpu_tests" --gtest_brief=1
+    ;;
+  sanitize)
+    sanitize "${1:-build}"
+    ;;
+  accuracy)
+    "${1:-build/tpf}" accuracy --n 384,640,768 --d 16,32 --heads 4 --out "${2:-bench/results/h200}"
+    ;;
+  ab)
+    rounds=${1:?rounds}; args=${2:?bench args}; shift 2
+    for r in $(seq 1 "$rounds"); do
+      for b in "$@"; do  # alternating: lent machines differ by 2-3% from call to call
+        "$b/tpf" bench $args 2>/dev/null | awk -v b="$(basename "$b")" -v r="$r" '/^ +[0-9]/ {print b, r, $0}'
+      done
+    done | tee "$OUT/ab_rounds.txt"
+    "$PY" - "$OUT/ab_rounds.txt" <<'PY'
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    f = line.split()  # build, round, then tpf bench's columns: N D fwd_ms TFLOP/s exp% fwd+bwd_ms
+    rows[(f[0], f[2], f[3])].append(f)
+print("median over rounds (build N D: fwd ms, fwd+bwd ms):")
+for key, cols in sorted(rows.items()):
+    print(" ", " ".join(key), " ".join(f"{statistics.median(float(c[i]) for c in cols):.3f}" for i in (4, 7)))
+PY
+    ;;
+  profile)
+    bin=${1:?tpf binary}; shift
+    ncu --clock-control none --csv --metrics gpu__time_duration.sum "$bin" bench --iters 1 "$@" \
+      2>/dev/null > "$OUT/ncu_times.csv"
+    "$PY" - "$OUT/ncu_times.csv" <<'PY'
+import collections, csv, re, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+h = rows[hdr]; k, v, u = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+tot, cnt = collections.defaultdict(float), collections.Counter()
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+for r in rows[hdr + 1:]:
+    if len(r) > v:
+        name = re.sub(r"\(.*|void |tpf::(attn::|trimul::)?|\(anonymous namespace\)::", "", r[k])[:100]
+        tot[name] += float(r[v].replace(",", "")) * scale[r[u]]
+        cnt[name] += 1
+for name, t in sorted(tot.items(), key=lambda x: -x[1]):
+    print(f"{t / cnt[name]:9.1f} us x{cnt[name]:3d}  {name}")
+PY
+    ;;
   wheel-test)
-    wheel=${2:-$(ls dist/turbopairformer-*.whl | head -n 1)}
+    wheel=${1:-$(ls dist/turbopairformer-*.whl | head -n 1)}
     venv=${TPF_VENV:-$(mktemp -d)/venv}
     rm -rf "$venv"
-    python3 -m venv "$venv"
+    python3 -m venv "$venv" || exit 1
     site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" > "$site/host-torch.pth"
-    "$venv/bin/python" -m pip install -q --no-index "$wheel"
+    "$venv/bin/python" -m pip install -q --no-index "$wheel" || exit 1
     "$venv/bin/tpf" info
     (cd /tmp && "$venv/bin/python" -c "import turbopairformer as t; print('imported', t.__version__, 'from', t.LIBRARY_PATH)")
     "$venv/bin/python" -m pytest tests/python -q -rs -p no:cacheprovider
     ;;
-  gpu-tests)
-    "${2:-build}/tests/cpp/tpf_gpu_tests" --gtest_brief=1
-    ;;
   head-dims)
-    "${PY:-python3}" -m turbopairformer.bench --head-dims 8,16,24,32,48,64,96,128 --n 384,768 --out "${2:-bench/results/h200}"
+    "$PY" -m turbopairformer.bench --head-dims 8,16,24,32,48,64,96,128 --n 384,768 --out "${1:-bench/results/h200}"
+    ;;
+  pairformer)
+    "$PY" -m turbopairformer.bench --pairformer --n "${2:-384,768}" --out "${1:-bench/results/h200}"
     ;;
   -h|--help|"")
-    sed -n 2,12p "$0"
+    sed -n 2,22p "$0"
     ;;
   *)
     echo "scripts/device.sh: unknown command '$cmd' (see --help)" >&2; exit 2

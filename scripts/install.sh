@@ -3,6 +3,7 @@
 # everything (library, tpf, tests) into build/. Safe to run again: it only rebuilds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n 2,3p "$0"; exit 0; fi
 
 need=()
 command -v cmake >/dev/null || need+=(cmake)

@@ -3,6 +3,7 @@
 # time the kernels where a GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n 2,3p "$0"; exit 0; fi
 bash scripts/install.sh
 build/tpf info
 build/tpf check

@@ -1,4 +1,4 @@
-// Triangle attention (DESIGN.md section 1): public parameter structs and entry points.
+// Triangle attention (docs/DESIGN.md section 1): public parameter structs and entry points.
 //
 //   S[b,s,h,q,k] = scale * <Q[b,s,h,q,:], K[b,s,h,k,:]> + bias[b,0,h,q,k]   (mask false -> -inf)
 //   P = softmax_k(S),  O = P V

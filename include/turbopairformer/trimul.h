@@ -1,4 +1,4 @@
-// Triangle multiplicative update (DESIGN.md section 2, AlphaFold3 Algorithms 12 and 13).
+// Triangle multiplicative update (docs/DESIGN.md section 2, AlphaFold3 Algorithms 12 and 13).
 //
 //   zn = LayerNorm_in(z)                                   z: [B,N,N,C]
 //   a  = sigmoid(zn Wag^T + bag) * (zn Wap^T + bap) * mask  [B,N,N,Ch]   (b likewise)

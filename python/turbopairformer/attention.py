@@ -168,7 +168,7 @@ def _padded_head_dim(D: int) -> int:
 
 
 def _plain_attention(q, k, v, bias, mask, scale):
-    """DESIGN.md section 1 in plain PyTorch, for empty problems (N = 0 or S = 0), where it is
+    """docs/DESIGN.md section 1 in plain PyTorch, for empty problems (N = 0 or S = 0), where it is
     exact and free: empty outputs, and a zero bias gradient when there are no slices."""
     s = scale * (q @ k.transpose(-1, -2)) + bias.to(q.dtype)
     if mask is not None:

@@ -107,7 +107,7 @@ def _setup_context(ctx, inputs, output):
     x, mask, *weights, direction, eps, _save = inputs
     # The saved set is the backward's input, not a result: without set_materialize_grads(False)
     # autograd would fill a zero gradient of its size (1.3 GB at N = 768) on every backward,
-    # 0.40 ms of a 5.6 ms training step (scripts/device_trimul_py_profile.py).
+    # 0.40 ms of a 5.6 ms training step (dev/scripts/device_trimul_py_profile.py).
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1], x, mask, *weights)
@@ -128,7 +128,7 @@ torch.library.register_autograd("turbopairformer::trimul_fwd", _backward,
 
 
 def _plain_trimul(x, direction, mask, weights, eps):
-    """DESIGN.md section 2 in plain PyTorch, for empty problems (B = 0 or N = 0), where it is exact
+    """docs/DESIGN.md section 2 in plain PyTorch, for empty problems (B = 0 or N = 0), where it is exact
     and free: an empty output, zero weight gradients."""
     ln_w, ln_b, p_w, p_b, g_w, g_b, lo_w, lo_b, po_w, po_b, go_w, go_b = weights
     F = torch.nn.functional
@@ -151,7 +151,7 @@ def triangle_multiplicative_update(
         p_out_weight: Optional[torch.Tensor] = None, p_out_bias: Optional[torch.Tensor] = None,
         g_out_weight: Optional[torch.Tensor] = None, g_out_bias: Optional[torch.Tensor] = None,
         eps: float = 1e-5) -> torch.Tensor:
-    """Triangle multiplicative update (DESIGN.md section 2), cuEquivariance's weight packing:
+    """Triangle multiplicative update (docs/DESIGN.md section 2), cuEquivariance's weight packing:
     p_in_weight = [Wap; Wbp] (2Ch x C), g_in_weight = [Wag; Wbg], p_out_weight = Wz (C x Ch),
     g_out_weight = Wg (C x C); biases optional. x: [B, N, N, C] or [N, N, C]; mask: [B, N, N].
 

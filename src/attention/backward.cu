@@ -1,4 +1,4 @@
-// Triangle attention backward, key-tile parallel (DESIGN.md section 1).
+// Triangle attention backward, key-tile parallel (docs/DESIGN.md section 1).
 //
 // A block owns one 64-key tile of one (b, h) and one chunk of slices. Its math quads of 4 warps
 // take BwdConfig::kSlices consecutive slices side by side and walk all query tiles; each

@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
     // tile reads V of tile j - 1 (PV a tile late), so V of tile j goes into stage j, whose
     // previous tile's PV every warp waited for in tile j - 1. (Loading it as soon as this warp
     // had waited for that PV raced with the other warps' parts of it: O off by 2x the bf16
-    // floor in bench/results/h200/v11_iter/attention_accuracy_race.md.)
+    // floor in a1d0f33:bench/results/h200/v11_iter/attention_accuracy_race.md.)
     if constexpr (kTma) {
       if (tid == 0) issue_batch(j + 1);
     } else {

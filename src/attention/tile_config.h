@@ -95,7 +95,7 @@ struct FwdConfig {
 // cycles at N = 768, D = 32: perf-notes v13); with 2 stages the math waited for a free one (the
 // largest stall of the math warps in Nsight Compute's samples). 3 stages: fwd+bwd 6.82 -> 6.54 ms
 // at N = 768, D = 32, D = 16 and 64 equal or better; D = 128 (one quad, 16 KB a stage) slower
-// at N = 384 (5.13 -> 5.38 ms), so it keeps 2 (v13_iter/ab_rounds_v13b_dq_stages.txt).
+// at N = 384 (5.13 -> 5.38 ms), so it keeps 2 (a1d0f33:bench/results/h200/v13_iter/ab_rounds_v13b_dq_stages.txt).
 #ifndef TPF_BWD_DQ_STAGES
 #define TPF_BWD_DQ_STAGES 3
 #endif

@@ -130,7 +130,7 @@ int cmd_accuracy(const Args& args) {
   md << "# Triangle attention accuracy on " << gpu_name() << "\n\n"
      << "B=1, H=" << H << ", S=N, bf16 inputs and bias, 20% of keys masked. Relative RMSE against "
      << "an FP64 reference of the same inputs, and in parentheses its ratio to the bf16 floor "
-     << "(the exact answer rounded once to bf16). Made by `scripts/attention_accuracy.sh`.\n\n"
+     << "(the exact answer rounded once to bf16). Made by `scripts/device.sh accuracy`.\n\n"
      << "| N | D | compensation | O | dQ | dK | dV | dbias |\n|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];

@@ -18,7 +18,7 @@ namespace {
 using harness::cuda_ok;
 using harness::DeviceBuffer;
 
-// H200 ceiling of ex2.approx measured for DESIGN.md: 4.16e12 exponentials per second.
+// H200 ceiling of ex2.approx measured for docs/DESIGN.md: 4.16e12 exponentials per second.
 constexpr double kExpPerSecond = 4.16e12;
 
 struct Result {

@@ -1,4 +1,4 @@
-// FP64 CPU reference of triangle attention, forward and backward (DESIGN.md section 1).
+// FP64 CPU reference of triangle attention, forward and backward (docs/DESIGN.md section 1).
 // Straight loops over one (b, s, h) slice at a time, in double; work is spread over threads by
 // fixed slice chunks and the bias gradient's partial sums are added in chunk order, so the
 // result does not depend on the thread count.

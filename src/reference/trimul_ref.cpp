@@ -1,5 +1,5 @@
 // FP64 CPU reference of the triangle multiplicative update, forward and backward
-// (DESIGN.md section 2). Plain loops in double over dense copies of each batch element.
+// (docs/DESIGN.md section 2). Plain loops in double over dense copies of each batch element.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -25,7 +25,7 @@ TEST(Dtype, Fp16RoundsToNearestEvenAndSaturatesToInf) {
 }
 
 TEST(Dtype, Bf16RelativeRoundingErrorIsAboutTheFloor) {
-  // The accuracy floor of DESIGN.md: relative RMSE of bf16(x) for normal x is ~1.66e-3.
+  // The accuracy floor of docs/DESIGN.md: relative RMSE of bf16(x) for normal x is ~1.66e-3.
   std::mt19937_64 rng(1);
   std::normal_distribution<double> nd;
   std::vector<double> x(200000), r(x.size());

@@ -125,8 +125,8 @@ std::vector<GpuCase> cases() {
   // Enough blocks to fill the GPU, three calls each way (forward outputs compared bytewise
   // too). It did not reproduce the V-stage race of 4f9bee4's D = 32 wgmma forward in two runs:
   // that race showed only as O at 2-2.8x the bf16 floor in the accuracy table
-  // (bench/results/h200/v11_iter/attention_accuracy_race.md), so that table stays part of
-  // every kernel change's check (scripts/device_final_attention.sh).
+  // (a1d0f33:bench/results/h200/v11_iter/attention_accuracy_race.md), so that table stays part of
+  // every kernel change's check (scripts/device.sh validate).
   v.push_back({48, 384, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 3});
   // D = 32 adds dQ in two turn chains up to 10 key tiles and in one above (tile_config.h's
   // bwd_dq_chains): 11 key tiles take the one-chain kernel with several links.
