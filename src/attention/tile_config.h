@@ -13,7 +13,7 @@ namespace tpf::attn {
 // columns: its 128-column tiles (32 KB a stage) leave room for 2 blocks/SM only, and 64 columns
 // measured 1.81 against 2.32 ms at N = 768 (-22%; 16-bit bias 1.21 vs 1.15, so it keeps 128;
 // perf-notes v18). With its tiles by TMA (v19), 64 columns still win: 1.31 against 1.53 ms.
-#ifndef TPF_FWD_BLOCK_K_D32  // build-time experiment knobs (see docs/perf-notes.md)
+#ifndef TPF_FWD_BLOCK_K_D32  // build-time experiment knobs (see docs/perf-history.md)
 #define TPF_FWD_BLOCK_K_D32 128
 #endif
 #ifndef TPF_FWD_BLOCK_K_D32_FP32_BIAS
@@ -67,7 +67,7 @@ struct FwdConfig {
 // One more warpgroup, the helper, does the reductions (perf-notes v12): two warps finish the dbias
 // partial, two add the dQ parts in key-tile order (the turn wait, fetch, store and release that
 // cost the math warps ~2000 of a ~6400-cycle step).
-#ifndef TPF_BWD_SLICES_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-notes.md)
+#ifndef TPF_BWD_SLICES_SMALL_D  // build-time experiment knobs for D <= 32 (see docs/perf-history.md)
 #define TPF_BWD_SLICES_SMALL_D 2
 #endif
 #ifndef TPF_BWD_BLOCK_Q_SMALL_D  // 32 no longer builds at D = 16: its copies pass 64 rows at once
