@@ -26,16 +26,23 @@ typedef struct tpf_tensor {
   int64_t stride[6]; /* in elements */
 } tpf_tensor;
 
+/* The tensors of the attention structs, in their order: forward ones, then the backward's. */
+#define TPF_ATTENTION_TENSORS(X) \
+  X(q) X(k) X(v) X(bias) X(mask) X(out) X(out_residual) X(lse) X(dout) X(dq) X(dk) X(dv) X(dbias)
+/* The weights of the multiplicative update, in tpf::TrimulWeights order. */
+#define TPF_TRIMUL_WEIGHT_NAMES(X)                                                               \
+  X(norm_in_weight) X(norm_in_bias) X(p_in_weight) X(p_in_bias) X(g_in_weight) X(g_in_bias)     \
+  X(norm_out_weight) X(norm_out_bias) X(p_out_weight) X(p_out_bias) X(g_out_weight) X(g_out_bias)
+#define TPF_TRIMUL_WEIGHTS 12
+
+#define TPF_TENSOR_FIELD_(name) tpf_tensor name;
 typedef struct tpf_attention_args {
-  tpf_tensor q, k, v, bias, mask, out, out_residual, lse, dout, dq, dk, dv, dbias;
+  TPF_ATTENTION_TENSORS(TPF_TENSOR_FIELD_)
   double scale;       /* NaN: 1/sqrt(D) */
   int32_t compensate; /* output-residual compensation */
 } tpf_attention_args;
+#undef TPF_TENSOR_FIELD_
 
-/* Weights in tpf::TrimulWeights order: norm_in_weight, norm_in_bias, p_in_weight, p_in_bias,
- * g_in_weight, g_in_bias, norm_out_weight, norm_out_bias, p_out_weight, p_out_bias,
- * g_out_weight, g_out_bias. */
-#define TPF_TRIMUL_WEIGHTS 12
 typedef struct tpf_trimul_args {
   tpf_tensor z, mask, out, dout, dz;
   tpf_tensor w[TPF_TRIMUL_WEIGHTS], dw[TPF_TRIMUL_WEIGHTS];
@@ -46,6 +53,20 @@ typedef struct tpf_trimul_args {
   void* saved;
   size_t saved_bytes;
 } tpf_trimul_args;
+
+/* The layout of the structs above as compiled into the library, for bindings that mirror them
+ * (the Python package builds its ctypes structs from this table and checks their layout):
+ * one row per field, in order. kind: "tensor", "tensor[12]", "f64", "i32", "ptr", "size", or
+ * "struct" (the row of the whole struct: offset 0, size = sizeof). Rows of record
+ * "trimul_weight" name the weights in order (offset = index, size 0). */
+typedef struct tpf_abi_field {
+  const char* record;
+  const char* field;
+  const char* kind;
+  size_t offset;
+  size_t size;
+} tpf_abi_field;
+TPF_C_API const tpf_abi_field* tpf_abi_fields(size_t* count);
 
 /* on_gpu = 0 runs the FP64 CPU reference on host tensors; 1 the CUDA kernels on `stream`. */
 TPF_C_API int tpf_attention_forward(const tpf_attention_args* a, int32_t on_gpu, void* stream, char* err,

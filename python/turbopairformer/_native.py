@@ -8,40 +8,11 @@ import os
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_MAX_RANK = 6
 
 
-class TpfTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("dtype", ctypes.c_int32),
-        ("rank", ctypes.c_int32),
-        ("shape", ctypes.c_int64 * _MAX_RANK),
-        ("stride", ctypes.c_int64 * _MAX_RANK),
-    ]
-
-
-_ATTN_TENSORS = ("q", "k", "v", "bias", "mask", "out", "out_residual", "lse", "dout", "dq", "dk",
-                 "dv", "dbias")
-
-
-class TpfAttentionArgs(ctypes.Structure):
-    _fields_ = [(n, TpfTensor) for n in _ATTN_TENSORS] + [
-        ("scale", ctypes.c_double),
-        ("compensate", ctypes.c_int32),
-    ]
-
-
-TRIMUL_WEIGHTS = ("norm_in_weight", "norm_in_bias", "p_in_weight", "p_in_bias", "g_in_weight",
-                  "g_in_bias", "norm_out_weight", "norm_out_bias", "p_out_weight", "p_out_bias",
-                  "g_out_weight", "g_out_bias")
-
-
-class TpfTrimulArgs(ctypes.Structure):
-    _fields_ = [("z", TpfTensor), ("mask", TpfTensor), ("out", TpfTensor), ("dout", TpfTensor),
-                ("dz", TpfTensor), ("w", TpfTensor * len(TRIMUL_WEIGHTS)),
-                ("dw", TpfTensor * len(TRIMUL_WEIGHTS)), ("direction", ctypes.c_int32),
-                ("eps", ctypes.c_double), ("saved", ctypes.c_void_p), ("saved_bytes", ctypes.c_size_t)]
+class AbiField(ctypes.Structure):
+    _fields_ = [("record", ctypes.c_char_p), ("field", ctypes.c_char_p), ("kind", ctypes.c_char_p),
+                ("offset", ctypes.c_size_t), ("size", ctypes.c_size_t)]
 
 
 def _candidates():
@@ -64,13 +35,46 @@ def _load():
         raise ImportError(
             "turbopairformer: the native library libturbopairformer_c.so was not found (looked in "
             + ", ".join(tried) + "); install with 'pip install .' or build with scripts/install.sh")
-    args = ctypes.POINTER(TpfAttentionArgs)
+    lib.tpf_version.restype = ctypes.c_char_p
+    lib.tpf_abi_fields.argtypes = (ctypes.POINTER(ctypes.c_size_t),)
+    lib.tpf_abi_fields.restype = ctypes.POINTER(AbiField)
+    return lib, path
+
+
+LIB, LIBRARY_PATH = _load()
+
+
+def abi_fields() -> list[tuple[str, str, str, int, int]]:
+    """The library's own table of its C ABI structs (c_api.h): (record, field, kind, offset, size)."""
+    n = ctypes.c_size_t(0)
+    rows = LIB.tpf_abi_fields(ctypes.byref(n))
+    return [(r.record.decode(), r.field.decode(), r.kind.decode(), r.offset, r.size)
+            for r in (rows[i] for i in range(n.value))]
+
+
+def _struct(record: str, kinds: dict) -> type:
+    """A ctypes mirror of one C struct, its fields in the library's order and types by kind."""
+    fields = [(f, kinds[k]) for rec, f, k, _, _ in abi_fields() if rec == record and k != "struct"]
+    return type(record, (ctypes.Structure,), {"_fields_": fields})
+
+
+_SCALARS = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "f64": ctypes.c_double,
+            "size": ctypes.c_size_t, "i64[6]": ctypes.c_int64 * 6}
+TpfTensor = _struct("tpf_tensor", _SCALARS)
+TRIMUL_WEIGHTS = tuple(f for rec, f, *_ in abi_fields() if rec == "trimul_weight")
+_KINDS = {**_SCALARS, "tensor": TpfTensor, "tensor[12]": TpfTensor * len(TRIMUL_WEIGHTS)}
+TpfAttentionArgs = _struct("tpf_attention_args", _KINDS)
+TpfTrimulArgs = _struct("tpf_trimul_args", _KINDS)
+ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
+
+
+def _signatures(lib) -> None:
     err = (ctypes.c_char_p, ctypes.c_size_t)
+    args, targs = ctypes.POINTER(TpfAttentionArgs), ctypes.POINTER(TpfTrimulArgs)
     lib.tpf_attention_forward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_attention_backward_workspace_size.argtypes = (args, ctypes.POINTER(ctypes.c_size_t)) + err
     lib.tpf_attention_backward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
                                            ctypes.c_void_p) + err
-    targs = ctypes.POINTER(TpfTrimulArgs)
     lib.tpf_trimul_workspace_size.argtypes = (targs, ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)) + err
     lib.tpf_trimul_forward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_void_p) + err
@@ -81,11 +85,9 @@ def _load():
               lib.tpf_attention_backward, lib.tpf_trimul_workspace_size, lib.tpf_trimul_forward,
               lib.tpf_trimul_backward):
         f.restype = ctypes.c_int
-    lib.tpf_version.restype = ctypes.c_char_p
-    return lib, path
 
 
-LIB, LIBRARY_PATH = _load()
+_signatures(LIB)
 
 # tpf::StatusCode -> exception type
 _ERRORS = {1: ValueError, 2: NotImplementedError, 3: RuntimeError, 4: RuntimeError, 5: TypeError}

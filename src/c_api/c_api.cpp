@@ -2,7 +2,10 @@
 #include "turbopairformer/c_api.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "turbopairformer/turbopairformer.h"
 
@@ -63,12 +66,47 @@ tpf::AttentionBackwardParams backward_params(const tpf_attention_args& a) {
 
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
-  tpf::TensorView* f[TPF_TRIMUL_WEIGHTS] = {
-      &t.norm_in_weight, &t.norm_in_bias,    &t.p_in_weight,   &t.p_in_bias,
-      &t.g_in_weight,    &t.g_in_bias,       &t.norm_out_weight, &t.norm_out_bias,
-      &t.p_out_weight,   &t.p_out_bias,      &t.g_out_weight,  &t.g_out_bias};
-  for (int i = 0; i < TPF_TRIMUL_WEIGHTS; ++i) *f[i] = view(w[i]);
+  int i = 0;
+#define TPF_WEIGHT_(name) t.name = view(w[i++]);
+  TPF_TRIMUL_WEIGHT_NAMES(TPF_WEIGHT_)
+#undef TPF_WEIGHT_
   return t;
+}
+
+// tpf_abi_fields' table.
+#define TPF_ROW_(rec, name, kind) {#rec, #name, kind, offsetof(rec, name), sizeof(rec::name)},
+#define TPF_ATTN_ROW_(name) TPF_ROW_(tpf_attention_args, name, "tensor")
+const tpf_abi_field kAbiFields[] = {
+    {"tpf_tensor", "", "struct", 0, sizeof(tpf_tensor)},
+    TPF_ROW_(tpf_tensor, data, "ptr") TPF_ROW_(tpf_tensor, dtype, "i32") TPF_ROW_(tpf_tensor, rank, "i32")
+    TPF_ROW_(tpf_tensor, shape, "i64[6]") TPF_ROW_(tpf_tensor, stride, "i64[6]")
+    {"tpf_attention_args", "", "struct", 0, sizeof(tpf_attention_args)},
+    TPF_ATTENTION_TENSORS(TPF_ATTN_ROW_)
+    TPF_ROW_(tpf_attention_args, scale, "f64") TPF_ROW_(tpf_attention_args, compensate, "i32")
+    {"tpf_trimul_args", "", "struct", 0, sizeof(tpf_trimul_args)},
+    TPF_ROW_(tpf_trimul_args, z, "tensor") TPF_ROW_(tpf_trimul_args, mask, "tensor")
+    TPF_ROW_(tpf_trimul_args, out, "tensor") TPF_ROW_(tpf_trimul_args, dout, "tensor")
+    TPF_ROW_(tpf_trimul_args, dz, "tensor") TPF_ROW_(tpf_trimul_args, w, "tensor[12]")
+    TPF_ROW_(tpf_trimul_args, dw, "tensor[12]") TPF_ROW_(tpf_trimul_args, direction, "i32")
+    TPF_ROW_(tpf_trimul_args, eps, "f64") TPF_ROW_(tpf_trimul_args, saved, "ptr")
+    TPF_ROW_(tpf_trimul_args, saved_bytes, "size")
+};
+#undef TPF_ROW_
+#undef TPF_ATTN_ROW_
+
+#define TPF_NAME_(name) #name,
+const char* const kTrimulWeightNames[] = {TPF_TRIMUL_WEIGHT_NAMES(TPF_NAME_)};
+#undef TPF_NAME_
+static_assert(sizeof(kTrimulWeightNames) / sizeof(kTrimulWeightNames[0]) == TPF_TRIMUL_WEIGHTS);
+
+const std::vector<tpf_abi_field>& abi_fields() {
+  static const std::vector<tpf_abi_field> rows = [] {
+    std::vector<tpf_abi_field> r(std::begin(kAbiFields), std::end(kAbiFields));
+    for (size_t i = 0; i < TPF_TRIMUL_WEIGHTS; ++i)
+      r.push_back({"trimul_weight", kTrimulWeightNames[i], "name", i, 0});
+    return r;
+  }();
+  return rows;
 }
 
 tpf::TrimulForwardParams trimul_forward_params(const tpf_trimul_args& a) {
@@ -147,5 +185,10 @@ int tpf_attention_backward(const tpf_attention_args* a, int32_t on_gpu, void* wo
 }
 
 const char* tpf_version(void) { return tpf::version(); }
+
+const tpf_abi_field* tpf_abi_fields(size_t* count) {
+  if (count) *count = abi_fields().size();
+  return abi_fields().data();
+}
 
 }  // extern "C"

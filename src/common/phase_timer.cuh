@@ -1,7 +1,7 @@
 // Timing experiment only: with -DTPF_EXPERIMENT_PHASES=1 a kernel's loop sums, per warp, the
 // cycles spent in each of its phases (mark(i) ends phase i) and prints the per-step averages of
 // chosen warps; otherwise every call compiles to nothing. It found the backward's dQ-turn fence
-// cost (perf-notes v11). The clock reads are volatile, so phases follow program order, but
+// cost (docs/perf-history.md). The clock reads are volatile, so phases follow program order, but
 // arithmetic may move across a mark: read the numbers as approximate.
 #pragma once
 #ifndef TPF_EXPERIMENT_PHASES

@@ -52,9 +52,8 @@ struct ProjectEpilogue {
   // row), from registers: each thread forms a = sigmoid(g) p mask for its fragment (both logits
   // of a channel sit in one thread, dlin_order.h), stmatrix transposes each 8 pixel x 8 channel
   // block as 16-bit values into shared memory, and lanes store 8 pixels of a channel (16 bytes)
-  // at a time, a half-warp per channel's 128 pixels. (Measured no faster than staging the fp32
-  // tile: this kernel is latency-bound, docs/perf-history.md, t19.) The output-gate tile and other N
-  // take the staged path.
+  // at a time, a half-warp per channel's 128 pixels (no faster than staging the fp32 tile: the
+  // kernel is latency-bound). The output-gate tile and other N take the staged path.
   // Shared memory: [64 channels][128 pixels] of T, then the same of bf16 for the copy; the
   // 16-byte chunk k of channel i's row sits at k ^ (i % 8), so that the eight rows one stmatrix
   // writes (8 channels) fall in distinct banks.

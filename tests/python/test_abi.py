@@ -1,0 +1,30 @@
+"""The C ABI structs have one definition (include/turbopairformer/c_api.h); the Python package
+builds its ctypes mirrors from the library's own layout table. These tests fail if ctypes lays a
+struct out differently from the compiler (a field of the wrong kind, a missing field, padding),
+or if the package's names disagree with the library's."""
+import ctypes
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch is not importable here")
+
+from turbopairformer import _native
+
+
+@pytest.mark.parametrize("record, mirror", [("tpf_tensor", _native.TpfTensor),
+                                            ("tpf_attention_args", _native.TpfAttentionArgs),
+                                            ("tpf_trimul_args", _native.TpfTrimulArgs)])
+def test_ctypes_layout_equals_the_compiled_one(record, mirror):
+    rows = [r for r in _native.abi_fields() if r[0] == record]
+    size = [r[4] for r in rows if r[2] == "struct"]
+    assert size == [ctypes.sizeof(mirror)], f"sizeof({record})"
+    fields = [r for r in rows if r[2] != "struct"]
+    assert [f for _, f, *_ in fields] == [f for f, _ in mirror._fields_]
+    for _, name, kind, offset, nbytes in fields:
+        assert getattr(mirror, name).offset == offset, f"offsetof({record}, {name})"
+        assert getattr(mirror, name).size == nbytes, f"sizeof({record}::{name}) ({kind})"
+
+
+def test_names_come_from_the_library():
+    assert _native.ATTENTION_TENSORS[:3] == ("q", "k", "v") and "dbias" in _native.ATTENTION_TENSORS
+    assert len(_native.TRIMUL_WEIGHTS) == 12 and _native.TRIMUL_WEIGHTS[2] == "p_in_weight"
