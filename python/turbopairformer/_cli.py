@@ -1,4 +1,5 @@
 """`tpf` console script: runs the tpf binary installed with the package."""
+
 import os
 import sys
 from pathlib import Path

@@ -1,6 +1,7 @@
 """The binding: loads the C ABI (libturbopairformer_c.so) with ctypes and turns tensors into its
 structs. No logic lives here: validation is done by the C++ core, whose messages name the
 argument at fault; this module only maps its status codes to Python exceptions."""
+
 from __future__ import annotations
 
 import ctypes
@@ -11,8 +12,13 @@ _HERE = Path(__file__).resolve().parent
 
 
 class AbiField(ctypes.Structure):
-    _fields_ = [("record", ctypes.c_char_p), ("field", ctypes.c_char_p), ("kind", ctypes.c_char_p),
-                ("offset", ctypes.c_size_t), ("size", ctypes.c_size_t)]
+    _fields_ = [
+        ("record", ctypes.c_char_p),
+        ("field", ctypes.c_char_p),
+        ("kind", ctypes.c_char_p),
+        ("offset", ctypes.c_size_t),
+        ("size", ctypes.c_size_t),
+    ]
 
 
 def _candidates():
@@ -34,7 +40,9 @@ def _load():
     else:
         raise ImportError(
             "turbopairformer: the native library libturbopairformer_c.so was not found (looked in "
-            + ", ".join(tried) + "); install with 'pip install .' or build with scripts/install.sh")
+            + ", ".join(tried)
+            + "); install with 'pip install .' or build with scripts/install.sh"
+        )
     lib.tpf_version.restype = ctypes.c_char_p
     lib.tpf_abi_fields.argtypes = (ctypes.POINTER(ctypes.c_size_t),)
     lib.tpf_abi_fields.restype = ctypes.POINTER(AbiField)
@@ -45,11 +53,14 @@ LIB, LIBRARY_PATH = _load()
 
 
 def abi_fields() -> list[tuple[str, str, str, int, int]]:
-    """The library's own table of its C ABI structs (c_api.h): (record, field, kind, offset, size)."""
+    """The library's own table of its C ABI structs (c_api.h):
+    (record, field, kind, offset, size) rows."""
     n = ctypes.c_size_t(0)
     rows = LIB.tpf_abi_fields(ctypes.byref(n))
-    return [(r.record.decode(), r.field.decode(), r.kind.decode(), r.offset, r.size)
-            for r in (rows[i] for i in range(n.value))]
+    return [
+        (r.record.decode(), r.field.decode(), r.kind.decode(), r.offset, r.size)
+        for r in (rows[i] for i in range(n.value))
+    ]
 
 
 def _struct(record: str, kinds: dict) -> type:
@@ -58,8 +69,13 @@ def _struct(record: str, kinds: dict) -> type:
     return type(record, (ctypes.Structure,), {"_fields_": fields})
 
 
-_SCALARS = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "f64": ctypes.c_double,
-            "size": ctypes.c_size_t, "i64[6]": ctypes.c_int64 * 6}
+_SCALARS = {
+    "ptr": ctypes.c_void_p,
+    "i32": ctypes.c_int32,
+    "f64": ctypes.c_double,
+    "size": ctypes.c_size_t,
+    "i64[6]": ctypes.c_int64 * 6,
+}
 TpfTensor = _struct("tpf_tensor", _SCALARS)
 TRIMUL_WEIGHTS = tuple(f for rec, f, *_ in abi_fields() if rec == "trimul_weight")
 _KINDS = {**_SCALARS, "tensor": TpfTensor, "tensor[12]": TpfTensor * len(TRIMUL_WEIGHTS)}
@@ -72,18 +88,40 @@ def _signatures(lib) -> None:
     err = (ctypes.c_char_p, ctypes.c_size_t)
     args, targs = ctypes.POINTER(TpfAttentionArgs), ctypes.POINTER(TpfTrimulArgs)
     lib.tpf_attention_forward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p) + err
-    lib.tpf_attention_backward_workspace_size.argtypes = (args, ctypes.POINTER(ctypes.c_size_t)) + err
-    lib.tpf_attention_backward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
-                                           ctypes.c_void_p) + err
-    lib.tpf_trimul_workspace_size.argtypes = (targs, ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)) + err
-    lib.tpf_trimul_forward.argtypes = (targs, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
-                                       ctypes.c_void_p) + err
+    lib.tpf_attention_backward_workspace_size.argtypes = (
+        args,
+        ctypes.POINTER(ctypes.c_size_t),
+    ) + err
+    lib.tpf_attention_backward.argtypes = (
+        args,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    ) + err
+    lib.tpf_trimul_workspace_size.argtypes = (
+        targs,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_size_t),
+    ) + err
+    lib.tpf_trimul_forward.argtypes = (
+        targs,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    ) + err
     lib.tpf_trimul_backward.argtypes = lib.tpf_trimul_forward.argtypes
     lib.tpf_trimul_saved_size.argtypes = (ctypes.c_int64,) * 4
     lib.tpf_trimul_saved_size.restype = ctypes.c_size_t
-    for f in (lib.tpf_attention_forward, lib.tpf_attention_backward_workspace_size,
-              lib.tpf_attention_backward, lib.tpf_trimul_workspace_size, lib.tpf_trimul_forward,
-              lib.tpf_trimul_backward):
+    for f in (
+        lib.tpf_attention_forward,
+        lib.tpf_attention_backward_workspace_size,
+        lib.tpf_attention_backward,
+        lib.tpf_trimul_workspace_size,
+        lib.tpf_trimul_forward,
+        lib.tpf_trimul_backward,
+    ):
         f.restype = ctypes.c_int
 
 

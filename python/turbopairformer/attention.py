@@ -5,77 +5,64 @@ works under torch.compile, CUDA graphs and torch.library.opcheck.
 
 q, k, v: [B, S, H, N, D] (or more leading batch dims); bias: [B, 1, H, N, N], finite (a bias
 in q's dtype is added by the tensor cores, where an infinity gives NaN: express -inf with the
-mask); mask: [B, S, 1, 1, N] bool, True = attend. CUDA tensors run the sm_90a kernels on the current stream;
+mask); mask: [B, S, 1, 1, N] bool, True = attend. CUDA tensors run the sm_90a kernels on the
+current stream;
 CPU tensors run the FP64 reference (slow, exact), so models can be debugged anywhere.
 """
+
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 from typing import Optional
 
 import torch
 
-from . import _native
-
-_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float64: 3, torch.bool: 4}
-
-
-def _tensor(x: Optional[torch.Tensor], name: str) -> _native.TpfTensor:
-    t = _native.TpfTensor()
-    if x is None:
-        return t
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"turbopairformer: argument '{name}': unsupported dtype {x.dtype}")
-    if x.dim() > 6:
-        raise ValueError(f"turbopairformer: argument '{name}': rank {x.dim()} is above 6")
-    t.data = x.data_ptr()
-    t.dtype = _DTYPES[x.dtype]
-    rank = x.dim()
-    t.rank = rank
-    t.shape[:rank] = x.shape  # slice assignment: half the time of an element loop (a call builds 8)
-    t.stride[:rank] = x.stride()
-    return t
+from . import _calls, _native
 
 
 def _args(scale: float, compensate: bool, **tensors) -> _native.TpfAttentionArgs:
     a = _native.TpfAttentionArgs()
     for name, x in tensors.items():
-        setattr(a, name, _tensor(x, name))
+        setattr(a, name, _calls.tensor(x, name))
     a.scale = scale
     a.compensate = int(compensate)
     return a
 
 
-def _workspace(query, a, x, err, *flags):
-    """The device workspace a CUDA call needs (query(args, *flags, &bytes, err, len)), from
-    PyTorch's caching allocator: (tensor to keep alive, pointer, bytes); none on the CPU."""
-    if not x.is_cuda:
-        return None, None, 0
-    size = ctypes.c_size_t(0)
-    _native.check(query(ctypes.byref(a), *flags, ctypes.byref(size), err, len(err)), err)
-    workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
-    return workspace, ctypes.c_void_p(workspace.data_ptr()), size.value
-
-
-def _stream(x: torch.Tensor):
-    return ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream) if x.is_cuda else None
-
-
 @torch.library.custom_op("turbopairformer::triangle_attention_fwd", mutates_args=())
-def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                   mask: Optional[torch.Tensor], scale: float, compensate: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    scale: float,
+    compensate: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = torch.empty_like(q)
     res = torch.empty_like(q) if compensate else q.new_empty(0)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    a = _args(scale, compensate, q=q, k=k, v=v, bias=bias, mask=mask, out=out,
-              out_residual=res if compensate else None, lse=lse)
+    a = _args(
+        scale,
+        compensate,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        mask=mask,
+        out=out,
+        out_residual=res if compensate else None,
+        lse=lse,
+    )
     err = _native.error_buffer()
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        _native.check(_native.LIB.tpf_attention_forward(ctypes.byref(a), int(q.is_cuda),
-                                                        _stream(q), err, len(err)), err)
+    with _calls.device_of(q):
+        _native.check(
+            _native.LIB.tpf_attention_forward(
+                ctypes.byref(a), int(q.is_cuda), _calls.stream(q), err, len(err)
+            ),
+            err,
+        )
     return out, res, lse
 
 
@@ -86,22 +73,52 @@ def _(q, k, v, bias, mask, scale, compensate):
 
 
 @torch.library.custom_op("turbopairformer::triangle_attention_bwd", mutates_args=())
-def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   bias: torch.Tensor, mask: Optional[torch.Tensor], out: torch.Tensor,
-                   res: torch.Tensor, lse: torch.Tensor, scale: float, compensate: bool,
-                   need_dbias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if not _vector_friendly(dout):  # e.g. the expanded gradient of a sum
+def _attention_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    out: torch.Tensor,
+    res: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    compensate: bool,
+    need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not _calls.vector_friendly(dout):  # e.g. the expanded gradient of a sum
         dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if need_dbias else bias.new_empty(0)
-    a = _args(scale, compensate, q=q, k=k, v=v, bias=bias, mask=mask, out=out,
-              out_residual=res if compensate else None, lse=lse, dout=dout, dq=dq, dk=dk, dv=dv,
-              dbias=dbias if need_dbias else None)
+    a = _args(
+        scale,
+        compensate,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        mask=mask,
+        out=out,
+        out_residual=res if compensate else None,
+        lse=lse,
+        dout=dout,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        dbias=dbias if need_dbias else None,
+    )
     err = _native.error_buffer()
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        workspace, ptr, ws_bytes = _workspace(_native.LIB.tpf_attention_backward_workspace_size, a, q, err)
-        _native.check(_native.LIB.tpf_attention_backward(
-            ctypes.byref(a), int(q.is_cuda), ptr, ws_bytes, _stream(q), err, len(err)), err)
+    with _calls.device_of(q):
+        workspace, ptr, ws_bytes = _calls.workspace(
+            _native.LIB.tpf_attention_backward_workspace_size, a, q, err
+        )
+        _native.check(
+            _native.LIB.tpf_attention_backward(
+                ctypes.byref(a), int(q.is_cuda), ptr, ws_bytes, _calls.stream(q), err, len(err)
+            ),
+            err,
+        )
     return dq, dk, dv, dbias
 
 
@@ -109,13 +126,6 @@ def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 def _(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, need_dbias):
     dbias = torch.empty_like(bias) if need_dbias else bias.new_empty(0)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
-
-
-def _vector_friendly(x: torch.Tensor) -> bool:
-    """Head-dim stride 1 and 16-byte aligned rows: what the CUDA kernels read directly."""
-    step = 16 // x.element_size()
-    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
-            and all(s % step == 0 for n, s in zip(x.shape[:-1], x.stride()[:-1]) if n > 1))
 
 
 def _setup_context(ctx, inputs, output):
@@ -133,13 +143,15 @@ def _backward(ctx, dout, _dres, _dlse):
     if dout is None:  # (grads are not materialized) out took no part in what is differentiated
         return (None,) * len(ctx.needs_input_grad)
     q, k, v, bias, mask, out, res, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = _attention_bwd(dout, q, k, v, bias, mask, out, res, lse, ctx.scale,
-                                       ctx.compensate, ctx.needs_input_grad[3])
+    dq, dk, dv, dbias = _attention_bwd(
+        dout, q, k, v, bias, mask, out, res, lse, ctx.scale, ctx.compensate, ctx.needs_input_grad[3]
+    )
     return dq, dk, dv, (dbias if ctx.needs_input_grad[3] else None), None, None, None
 
 
-torch.library.register_autograd("turbopairformer::triangle_attention_fwd", _backward,
-                                setup_context=_setup_context)
+torch.library.register_autograd(
+    "turbopairformer::triangle_attention_fwd", _backward, setup_context=_setup_context
+)
 
 
 def _flatten_batch(x: Optional[torch.Tensor], keep: int) -> Optional[torch.Tensor]:
@@ -157,9 +169,11 @@ NATIVE_HEAD_DIMS = (16, 32, 64, 128)
 def _check_head_dim(q: torch.Tensor) -> int:
     D = q.shape[-1] if q.dim() else 0
     if not (8 <= D <= 128 and D % 8 == 0):
-        raise ValueError(f"turbopairformer: argument 'q': head dim D={D} is not supported; D must "
-                         f"be a multiple of 8 from 8 to 128 ({', '.join(map(str, NATIVE_HEAD_DIMS))} "
-                         "run natively, the others zero-padded to the next of those)")
+        raise ValueError(
+            f"turbopairformer: argument 'q': head dim D={D} is not supported; D must "
+            f"be a multiple of 8 from 8 to 128 ({', '.join(map(str, NATIVE_HEAD_DIMS))} "
+            "run natively, the others zero-padded to the next of those)"
+        )
     return D
 
 
@@ -176,9 +190,16 @@ def _plain_attention(q, k, v, bias, mask, scale):
     return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
 
 
-def triangle_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                       mask: Optional[torch.Tensor] = None, scale: Optional[float] = None, *,
-                       compensate: bool = True) -> torch.Tensor:
+def triangle_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    *,
+    compensate: bool = True,
+) -> torch.Tensor:
     """Triangle attention (argument-compatible with cuequivariance_torch.triangle_attention).
 
     Args:

@@ -12,6 +12,7 @@ size (every backend of both ops at one N before the next N), so --budget SECONDS
 sizes rather than whole backends. Writes report.json, report.md and PNG plots into DIR (default
 bench/results/<gpu>/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,13 @@ def _eager_attention(q, k, v, bias, mask):  # [B,S,H,N,D]; scores in fp32 like O
 
 
 def _sdpa_attention(q, k, v, bias, mask):
-    attn = (bias + (~mask).to(bias.dtype) * -1e9)  # broadcast to [B,S,H,N,N]
+    attn = bias + (~mask).to(bias.dtype) * -1e9  # broadcast to [B,S,H,N,N]
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn)
 
 
 def prep_layout_bsnhd(q, k, v, bias, mask):
-    """DeepSpeed's and OpenFold3's layout: q, k, v [B,S,N,H,D], mask as an additive bias [B,S,1,1,N]."""
+    """DeepSpeed's and OpenFold3's layout: q, k, v [B,S,N,H,D], mask as an additive bias
+    [B,S,1,1,N]."""
     t = lambda x: x.transpose(2, 3).contiguous()
     return t(q), t(k), t(v), bias, ((~mask).to(q.dtype) * -1e9).contiguous()
 
@@ -55,38 +57,66 @@ def attention_backends():
     """name -> (prepare(q,k,v,bias,mask) -> args in the backend's native layout,
     fn(*args) -> out, (to_ours(q-like), to_ours(bias-like))), or a reason it is unavailable."""
     import turbopairformer as tpf
+
     b = {
-        "turbopairformer": (lambda *a: a, lambda q, k, v, bias, mask: tpf.triangle_attention(q, k, v, bias, mask), _SAME),
+        "turbopairformer": (
+            lambda *a: a,
+            lambda q, k, v, bias, mask: tpf.triangle_attention(q, k, v, bias, mask),
+            _SAME,
+        ),
         "pytorch_eager": (lambda *a: a, _eager_attention, _SAME),
         "pytorch_sdpa": (lambda *a: a, _sdpa_attention, _SAME),
     }
     try:
         import cuequivariance_torch as cueq
-        b["cuequivariance"] = (lambda *a: a, lambda q, k, v, bias, mask: cueq.triangle_attention(q, k, v, bias, mask=mask), _SAME)
+
+        b["cuequivariance"] = (
+            lambda *a: a,
+            lambda q, k, v, bias, mask: cueq.triangle_attention(q, k, v, bias, mask=mask),
+            _SAME,
+        )
     except Exception:
-        b["cuequivariance"] = "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+        b["cuequivariance"] = (
+            "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+        )
     try:
         from trifast import triangle_attention as trifast_attention
+
         def prep(q, k, v, bias, mask):  # q, k, v [B,H,S,N,D]; bias [B,H,N,N]; mask True = masked
             t = lambda x: x.permute(0, 2, 1, 3, 4).contiguous()
             return t(q), t(k), t(v), bias[:, 0].contiguous(), (~mask[:, :, 0, 0]).contiguous()
-        b["trifast"] = (prep, lambda q, k, v, bias, mask: trifast_attention(q, k, v, bias, mask),
-                        (lambda x: x.permute(0, 2, 1, 3, 4), lambda g: g.unsqueeze(1)))
+
+        b["trifast"] = (
+            prep,
+            lambda q, k, v, bias, mask: trifast_attention(q, k, v, bias, mask),
+            (lambda x: x.permute(0, 2, 1, 3, 4), lambda g: g.unsqueeze(1)),
+        )
     except Exception:
         b["trifast"] = "not installed: pip install trifast"
     try:
         from deepspeed.ops.deepspeed4science import DS4Sci_EvoformerAttention
-        b["deepspeed_evoformer"] = (prep_layout_bsnhd, lambda q, k, v, bias, mb: DS4Sci_EvoformerAttention(q, k, v, [mb, bias]),
-                                    (lambda x: x.transpose(2, 3), lambda g: g))
+
+        b["deepspeed_evoformer"] = (
+            prep_layout_bsnhd,
+            lambda q, k, v, bias, mb: DS4Sci_EvoformerAttention(q, k, v, [mb, bias]),
+            (lambda x: x.transpose(2, 3), lambda g: g),
+        )
     except Exception:
-        b["deepspeed_evoformer"] = "not installed: pip install deepspeed (with the Evoformer op built)"
+        b["deepspeed_evoformer"] = (
+            "not installed: pip install deepspeed (with the Evoformer op built)"
+        )
     try:
         from openfold3.core.kernels.triton.evoformer import TritonEvoformer
+
         if TritonEvoformer is None:
             raise ImportError("TritonEvoformer is None (Triton missing)")
-        # Same layout as DeepSpeed's: q, k, v [B,S,N,H,D], additive key mask [B,S,1,1,N], bias [B,1,H,N,N]
-        b["openfold3_triton"] = (prep_layout_bsnhd, lambda q, k, v, bias, mb: TritonEvoformer(q, k, v, mb, bias),
-                                 (lambda x: x.transpose(2, 3), lambda g: g))
+        # Same layout as DeepSpeed's: q, k, v [B,S,N,H,D], additive key mask [B,S,1,1,N],
+        # bias [B,1,H,N,N]
+        b["openfold3_triton"] = (
+            prep_layout_bsnhd,
+            lambda q, k, v, bias, mb: TritonEvoformer(q, k, v, mb, bias),
+            (lambda x: x.transpose(2, 3), lambda g: g),
+        )
     except Exception:
         b["openfold3_triton"] = "not installed: pip install openfold3 (its Triton kernels)"
     return b
@@ -94,44 +124,70 @@ def attention_backends():
 
 def attention_inputs(N, D, seed, device="cuda"):
     g = torch.Generator(device=device).manual_seed(seed)
-    q, k, v, dout = (torch.randn(1, N, H, N, D, device=device, generator=g).bfloat16() for _ in range(4))
+    q, k, v, dout = (
+        torch.randn(1, N, H, N, D, device=device, generator=g).bfloat16() for _ in range(4)
+    )
     bias = torch.randn(1, 1, H, N, N, device=device, generator=g).bfloat16()
     mask = torch.rand(1, N, 1, 1, N, device=device, generator=g) < KEEP
     return q, k, v, bias, mask, dout
 
 
 # ------------------------------------------------------------------------------- trimul backends
-TRIMUL_WEIGHTS = ("norm_in_weight", "norm_in_bias", "p_in_weight", "p_in_bias", "g_in_weight", "g_in_bias",
-                  "norm_out_weight", "norm_out_bias", "p_out_weight", "p_out_bias", "g_out_weight", "g_out_bias")
+TRIMUL_WEIGHTS = (
+    "norm_in_weight",
+    "norm_in_bias",
+    "p_in_weight",
+    "p_in_bias",
+    "g_in_weight",
+    "g_in_bias",
+    "norm_out_weight",
+    "norm_out_bias",
+    "p_out_weight",
+    "p_out_bias",
+    "g_out_weight",
+    "g_out_bias",
+)
 
 
 def _eager_trimul(x, mask, w, eps=1e-5):
     """AF3 Algorithm 12 (outgoing) in plain PyTorch, cuEquivariance's weight packing."""
     C, Ch = x.shape[-1], w["p_in_weight"].shape[0] // 2
     xn = torch.nn.functional.layer_norm(x, (C,), w["norm_in_weight"], w["norm_in_bias"], eps)
-    ab = torch.sigmoid(torch.nn.functional.linear(xn, w["g_in_weight"], w["g_in_bias"])) * \
-        torch.nn.functional.linear(xn, w["p_in_weight"], w["p_in_bias"]) * mask[..., None]
+    ab = (
+        torch.sigmoid(torch.nn.functional.linear(xn, w["g_in_weight"], w["g_in_bias"]))
+        * torch.nn.functional.linear(xn, w["p_in_weight"], w["p_in_bias"])
+        * mask[..., None]
+    )
     a, b = ab[..., :Ch], ab[..., Ch:]
     y = torch.einsum("bikc,bjkc->bijc", a, b)
     y = torch.nn.functional.layer_norm(y, (Ch,), w["norm_out_weight"], w["norm_out_bias"], eps)
-    return torch.sigmoid(torch.nn.functional.linear(xn, w["g_out_weight"], w["g_out_bias"])) * \
-        torch.nn.functional.linear(y, w["p_out_weight"], w["p_out_bias"])
+    return torch.sigmoid(
+        torch.nn.functional.linear(xn, w["g_out_weight"], w["g_out_bias"])
+    ) * torch.nn.functional.linear(y, w["p_out_weight"], w["p_out_bias"])
 
 
 def trimul_backends():
     """name -> fn(x, mask, weights dict) -> out, or a reason it is unavailable. Every backend
     takes cuEquivariance's argument names and packing, so one set of weights serves all."""
     import turbopairformer as tpf
+
     b = {
-        "turbopairformer": lambda x, mask, w: tpf.triangle_multiplicative_update(x, "outgoing", mask, **w),
+        "turbopairformer": lambda x, mask, w: tpf.triangle_multiplicative_update(
+            x, "outgoing", mask, **w
+        ),
         "pytorch_eager": _eager_trimul,
         "torch_compile": torch.compile(_eager_trimul),
     }
     try:
         import cuequivariance_torch as cueq
-        b["cuequivariance"] = lambda x, mask, w: cueq.triangle_multiplicative_update(x, "outgoing", mask, **w)
+
+        b["cuequivariance"] = lambda x, mask, w: cueq.triangle_multiplicative_update(
+            x, "outgoing", mask, **w
+        )
     except Exception:
-        b["cuequivariance"] = "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+        b["cuequivariance"] = (
+            "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+        )
     return b
 
 
@@ -142,8 +198,14 @@ def trimul_inputs(N, C, seed, device="cuda"):
     dout = torch.randn(1, N, N, C, device=device, generator=g).bfloat16()
     w = {}
     for name in TRIMUL_WEIGHTS:
-        shape = {"p_in_weight": (2 * C, C), "g_in_weight": (2 * C, C), "p_out_weight": (C, C),
-                 "g_out_weight": (C, C), "p_in_bias": (2 * C,), "g_in_bias": (2 * C,)}.get(name, (C,))
+        shape = {
+            "p_in_weight": (2 * C, C),
+            "g_in_weight": (2 * C, C),
+            "p_out_weight": (C, C),
+            "g_out_weight": (C, C),
+            "p_in_bias": (2 * C,),
+            "g_in_bias": (2 * C,),
+        }.get(name, (C,))
         t = torch.randn(*shape, device=device, generator=g)
         if name.endswith("weight") and len(shape) == 2:
             t = t / math.sqrt(shape[1])
@@ -183,9 +245,11 @@ def median_ms(fn, sets, warmup=3, iters=None):
 
 def measure(fwd, grad_inputs_of, sets):
     """fwd(*args) -> out; grad_inputs_of(args) -> tensors to differentiate."""
+
     def fb(*args):
         out = fwd(*args)
         torch.autograd.grad(out, grad_inputs_of(args), sets_dout[id(args[0])], allow_unused=True)
+
     sets_dout = {}  # keyed by the first input tensor (fn(*args) repacks the tuple)
     for s in sets:
         with torch.no_grad():
@@ -244,6 +308,7 @@ def attention_case(name, b, N, D, accuracy_n, rows, save):
         row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(fn, lambda a: a[:4], sets)
         if N == accuracy_n:
             row.update(attention_accuracy(prep, fn, to_ours, N, D))
+
     run_case(row, body, save)
 
 
@@ -259,13 +324,21 @@ def attention_accuracy(prep, fn, to_ours, N, D):
         args = list(prep(q, k, v, bias, mask))
         leaves = [args[i].detach().requires_grad_(True) for i in range(4)]
         out = fn(*leaves, *args[4:])
-        grads_runs.append(torch.autograd.grad(out, leaves, _native_layout_like(dout, prep, q, k, v, bias, mask), allow_unused=True))
+        grads_runs.append(
+            torch.autograd.grad(
+                out, leaves, _native_layout_like(dout, prep, q, k, v, bias, mask), allow_unused=True
+            )
+        )
     with torch.no_grad():
         out = to_ours[0](fn(*prep(q, k, v, bias, mask)))
-    det = all(all(torch.equal(a, b) for a, b in zip(r, grads_runs[0]) if a is not None) for r in grads_runs[1:])
+    det = all(
+        all(torch.equal(a, b) for a, b in zip(r, grads_runs[0]) if a is not None)
+        for r in grads_runs[1:]
+    )
     res = {"deterministic_5_calls": det, "rmse_out": rel(out, ref.detach())}
-    for n, g, r, conv in zip(("dq", "dk", "dv", "dbias"), grads_runs[0], ref_grads,
-                             (to_ours[0],) * 3 + (to_ours[1],)):
+    for n, g, r, conv in zip(
+        ("dq", "dk", "dv", "dbias"), grads_runs[0], ref_grads, (to_ours[0],) * 3 + (to_ours[1],)
+    ):
         if g is not None:
             res[f"rmse_{n}"] = rel(conv(g), r)
     return res
@@ -289,9 +362,11 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
             leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
             sets.append((x, mask, w, leaves))
         row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(
-            lambda x, mask, w, leaves: fn(x, mask, w), lambda a: a[3], sets)
+            lambda x, mask, w, leaves: fn(x, mask, w), lambda a: a[3], sets
+        )
         if N == accuracy_n:
             row.update(trimul_accuracy(fn, N, C))
+
     run_case(row, body, save)
 
 
@@ -328,10 +403,22 @@ def trimul_accuracy(fn, N, C):
         xl = x.detach().requires_grad_(True)
         wl = {k: v.detach().requires_grad_(True) for k, v in w.items()}
         out = fn(xl, mask, wl)
-        runs.append(torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout, allow_unused=True))
+        runs.append(
+            torch.autograd.grad(
+                out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout, allow_unused=True
+            )
+        )
     det = all(all(torch.equal(a, b) for a, b in zip(r, runs[0]) if a is not None) for r in runs[1:])
-    res = {"deterministic_5_calls": det, "rmse_out": rel(out.detach(), ref), "rmse_dz": rel(runs[0][0], ref_grads[0])}
-    worst = max((rel(g, r), k) for g, r, k in zip(runs[0][1:], ref_grads[1:], TRIMUL_WEIGHTS) if g is not None)
+    res = {
+        "deterministic_5_calls": det,
+        "rmse_out": rel(out.detach(), ref),
+        "rmse_dz": rel(runs[0][0], ref_grads[0]),
+    }
+    worst = max(
+        (rel(g, r), k)
+        for g, r, k in zip(runs[0][1:], ref_grads[1:], TRIMUL_WEIGHTS)
+        if g is not None
+    )
     res["rmse_worst_weight_grad"], res["worst_weight"] = worst
     return res
 
@@ -343,6 +430,7 @@ def trimul_floor_table(Ns, C=128, device="cuda", seed=99):
     floor (the exact answer rounded once to bf16): the accuracy half of issue 5's table at every
     N. Rows that run out of memory say so."""
     import turbopairformer as tpf
+
     rows = []
     for N in Ns:
         row = {"N": N, "C": C}
@@ -352,12 +440,18 @@ def trimul_floor_table(Ns, C=128, device="cuda", seed=99):
             xl = x.detach().requires_grad_(True)
             wl = {k: v.detach().requires_grad_(True) for k, v in w.items()}
             out = tpf.triangle_multiplicative_update(xl, "outgoing", mask, **wl)
-            ours = [out.detach()] + list(torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout))
+            ours = [out.detach()] + list(
+                torch.autograd.grad(out, [xl] + [wl[k] for k in TRIMUL_WEIGHTS], dout)
+            )
             del out, xl, wl
             refs = trimul_fp64(x, mask, w, dout)
             for name, o, r in zip(["out", "dz"] + ["d_" + k for k in TRIMUL_WEIGHTS], ours, refs):
                 err, floor = rel(o, r), rel(r.to(torch.bfloat16), r)
-                row[name] = {"rel_rmse": err, "floor": floor, "ratio": err / floor if floor > 0 else float("nan")}
+                row[name] = {
+                    "rel_rmse": err,
+                    "floor": floor,
+                    "ratio": err / floor if floor > 0 else float("nan"),
+                }
             row["status"] = "ok"
         except torch.cuda.OutOfMemoryError:
             row["status"] = "out of memory"
@@ -370,23 +464,32 @@ def trimul_floor_table(Ns, C=128, device="cuda", seed=99):
 def write_floor_table(rows, out_dir: Path, gpu: str):
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "trimul_accuracy.json").write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=1))
-    lines = [f"# Multiplicative update: accuracy against FP64 on {gpu}", "",
-             "B=1, C = Ch = 128, outgoing, bf16 z ~ N(0, 1), bf16 weights at an initialisation scale "
-             "(matrices N(0, 1/fan_in), LayerNorm gains 1 + N(0, 0.01), biases N(0, 0.01)), 10% of pairs "
-             "masked, training path (the forward saves, the backward reads). Relative RMSE against an FP64 "
-             "autograd reference on the GPU; in parentheses its ratio to the bf16 floor (the exact answer "
-             "rounded once to bf16). Issue 5's target: every ratio <= 2. Made by "
-             "`python -m turbopairformer.bench --trimul-accuracy N,...`.", "",
-             "| N | out | dz | worst weight gradient | every ratio <= 2 |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Multiplicative update: accuracy against FP64 on {gpu}",
+        "",
+        "B=1, C = Ch = 128, outgoing, bf16 z ~ N(0, 1), bf16 weights at an initialisation "
+        "scale (matrices N(0, 1/fan_in), LayerNorm gains 1 + N(0, 0.01), biases N(0, 0.01)), "
+        "10% of pairs masked, training path (the forward saves, the backward reads). Relative "
+        "RMSE against an FP64 autograd reference on the GPU; in parentheses its ratio to the "
+        "bf16 floor (the exact answer rounded once to bf16). Target: every ratio <= 2. Made by "
+        "`python -m turbopairformer.bench --trimul-accuracy N,...`.",
+        "",
+        "| N | out | dz | worst weight gradient | every ratio <= 2 |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"| {r['N']} | — | — | — | {r.get('status', '')} |")
             continue
         f = lambda k: f"{r[k]['rel_rmse']:.2e} ({r[k]['ratio']:.2f})"
         worst = max((v["ratio"], k) for k, v in r.items() if k.startswith("d_"))
-        over = [f"{k} {v['ratio']:.2f}" for k, v in r.items() if isinstance(v, dict) and v["ratio"] > 2]
+        over = [
+            f"{k} {v['ratio']:.2f}" for k, v in r.items() if isinstance(v, dict) and v["ratio"] > 2
+        ]
         verdict = "yes" if not over else "no: " + ", ".join(over)
-        lines.append(f"| {r['N']} | {f('out')} | {f('dz')} | {worst[0]:.2f} ({worst[1]}) | {verdict} |")
+        lines.append(
+            f"| {r['N']} | {f('out')} | {f('dz')} | {worst[0]:.2f} ({worst[1]}) | {verdict} |"
+        )
     (out_dir / "trimul_accuracy.md").write_text("\n".join(lines) + "\n")
 
 
@@ -396,8 +499,14 @@ def _cell(r, key):
     if key in r:
         return f"{r[key]:.2f}" if r[key] >= 1 else f"{r[key]:.3f}"
     st = r.get("status", "")
-    return {"out of memory": "OOM"}.get(st, "skipped" if st.startswith(("not installed", "installed")) else
-                                       "failed" if st.startswith("failed") else "—")
+    return {"out of memory": "OOM"}.get(
+        st,
+        "skipped"
+        if st.startswith(("not installed", "installed"))
+        else "failed"
+        if st.startswith("failed")
+        else "—",
+    )
 
 
 def summary_tables(rows):
@@ -412,29 +521,49 @@ def summary_tables(rows):
             backends = list(dict.fromkeys(r["backend"] for r in part))
             by = {(r["backend"], r["N"]): r for r in part}
             for metric, title in (("fwd_bwd_ms", "forward + backward"), ("fwd_ms", "forward")):
-                lines += [f"**{op}, {key} = {kv}: {title}, ms**", "",
-                          "| backend | " + " | ".join(f"N={n}" for n in Ns) + " |",
-                          "|---|" + "---|" * len(Ns)]
+                lines += [
+                    f"**{op}, {key} = {kv}: {title}, ms**",
+                    "",
+                    "| backend | " + " | ".join(f"N={n}" for n in Ns) + " |",
+                    "|---|" + "---|" * len(Ns),
+                ]
                 for b in backends:
-                    lines.append(f"| {b} | " + " | ".join(_cell(by.get((b, n)), metric) for n in Ns) + " |")
+                    lines.append(
+                        f"| {b} | " + " | ".join(_cell(by.get((b, n)), metric) for n in Ns) + " |"
+                    )
                 lines.append("")
     return lines
 
 
-def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_version: str = None, meta: dict = None):
+def write_report(
+    rows, out_dir: Path, gpu: str, plots: bool = True, torch_version: str = None, meta: dict = None
+):
     out_dir.mkdir(parents=True, exist_ok=True)
     torch_version = torch_version or torch.__version__
     meta = meta or {}
-    (out_dir / "report.json").write_text(json.dumps({"gpu": gpu, "torch": torch_version, **meta, "rows": rows}, indent=1))
-    lines = [f"# Pairformer kernels on {gpu}", "",
-             "![triangle attention](triangle_attention.png)", "",
-             "![triangle multiplicative update](triangle_multiplicative_update.png)", "",
-             f"PyTorch {torch_version}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
-             "Multiplicative update: B=1, C=Ch=128, outgoing, bf16 (x, weights), 10% of pairs masked. Median ms of CUDA-event-timed calls; peak memory "
-             "of forward+backward above the inputs; 'case s' is the wall time of the whole case (inputs, "
-             "first-call autotuning or compiling, timing, accuracy). Made by `python -m turbopairformer.bench`.", ""]
+    (out_dir / "report.json").write_text(
+        json.dumps({"gpu": gpu, "torch": torch_version, **meta, "rows": rows}, indent=1)
+    )
+    lines = [
+        f"# Pairformer kernels on {gpu}",
+        "",
+        "![triangle attention](triangle_attention.png)",
+        "",
+        "![triangle multiplicative update](triangle_multiplicative_update.png)",
+        "",
+        f"PyTorch {torch_version}. Attention: B=1, H={H}, S=N, bf16, 20% of keys masked. "
+        "Multiplicative update: B=1, C=Ch=128, outgoing, bf16 (x, weights), 10% of pairs "
+        "masked. Median ms of CUDA-event-timed calls; peak memory of forward+backward above the "
+        "inputs; 'case s' is the wall time of the whole case (inputs, first-call autotuning or "
+        "compiling, timing, accuracy). Made by `python -m turbopairformer.bench`.",
+        "",
+    ]
     if "command" in meta:
-        lines += [f"Command: `{meta['command']}`; wall time of the whole run: {meta.get('wall_s', 0):.0f} s.", ""]
+        lines += [
+            f"Command: `{meta['command']}`; "
+            f"wall time of the whole run: {meta.get('wall_s', 0):.0f} s.",
+            "",
+        ]
     lines += [f"**Note:** {r['status']}" for r in rows if r["op"] == "note"]
     lines += [""] + summary_tables(rows)
     for op in ("triangle_attention", "triangle_multiplicative_update"):
@@ -446,14 +575,26 @@ def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_versio
             first.setdefault(r["backend"], len(first))
         sub.sort(key=lambda r: (first[r["backend"]], r.get("D") or 0, r["N"]))
         grad = "dq" if op == "triangle_attention" else "dz"
-        lines += [f"## {op}", "", f"| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, {grad}) | deterministic | case s | status |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {op}",
+            "",
+            f"| backend | N | D | fwd ms | fwd+bwd ms | peak MiB | rel RMSE (out, {grad}) "
+            "| deterministic | case s | status |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in sub:
             f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "—"
-            acc = f"{f('rmse_out', '{:.2e}')}, {f('rmse_' + grad, '{:.2e}')}" if "rmse_out" in r else "—"
+            acc = (
+                f"{f('rmse_out', '{:.2e}')}, {f('rmse_' + grad, '{:.2e}')}"
+                if "rmse_out" in r
+                else "—"
+            )
             det = {True: "yes", False: "NO"}.get(r.get("deterministic_5_calls"), "—")
-            lines.append(f"| {r['backend']} | {r['N']} | {r.get('D', '—')} | {f('fwd_ms')} | {f('fwd_bwd_ms')} | "
-                         f"{f('peak_mib', '{:.0f}')} | {acc} | {det} | {f('case_s', '{:.1f}')} | {r['status']} |")
+            lines.append(
+                f"| {r['backend']} | {r['N']} | {r.get('D', '—')} | {f('fwd_ms')} "
+                f"| {f('fwd_bwd_ms')} | {f('peak_mib', '{:.0f}')} | {acc} | {det} "
+                f"| {f('case_s', '{:.1f}')} | {r['status']} |"
+            )
         lines.append("")
     (out_dir / "report.md").write_text("\n".join(lines))
     if not plots:
@@ -466,8 +607,10 @@ def write_report(rows, out_dir: Path, gpu: str, plots: bool = True, torch_versio
 
 def plot(rows, out_dir):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     ok = [r for r in rows if r["status"] == "ok"]
     for op, key in (("triangle_attention", "D"), ("triangle_multiplicative_update", "C")):
         sub = [r for r in ok if r["op"] == op]
@@ -477,22 +620,32 @@ def plot(rows, out_dir):
         axes = axes.ravel()
         backends = list(dict.fromkeys(r["backend"] for r in sub))  # one colour per backend
         values = sorted({r.get(key) for r in sub})  # one line style per head dim
-        for (backend, kv) in sorted({(r["backend"], r.get(key)) for r in sub}):
+        for backend, kv in sorted({(r["backend"], r.get(key)) for r in sub}):
             pts = sorted((r["N"], r) for r in sub if r["backend"] == backend and r.get(key) == kv)
             Ns = [n for n, _ in pts]
             label = f"{backend} {key}={kv}"
-            style = dict(color=f"C{backends.index(backend)}", marker="o" if backend == "turbopairformer" else "s",
-                         linestyle=("-", "--", ":")[values.index(kv) % 3], lw=2.2 if backend == "turbopairformer" else 1.2)
+            style = dict(
+                color=f"C{backends.index(backend)}",
+                marker="o" if backend == "turbopairformer" else "s",
+                linestyle=("-", "--", ":")[values.index(kv) % 3],
+                lw=2.2 if backend == "turbopairformer" else 1.2,
+            )
             axes[0].plot(Ns, [r["fwd_ms"] for _, r in pts], label=label, **style)
             axes[1].plot(Ns, [r["fwd_bwd_ms"] for _, r in pts], label=label, **style)
-            ours = {r["N"]: r for r in sub if r["backend"] == "turbopairformer" and r.get(key) == kv}
+            ours = {
+                r["N"]: r for r in sub if r["backend"] == "turbopairformer" and r.get(key) == kv
+            }
             sp = [(n, r["fwd_bwd_ms"] / ours[n]["fwd_bwd_ms"]) for n, r in pts if n in ours]
             if sp and backend != "turbopairformer":
                 axes[2].plot([n for n, _ in sp], [s for _, s in sp], label=label, **style)
             axes[3].plot(Ns, [r["peak_mib"] for _, r in pts], label=label, **style)
         axes[2].axhline(1.0, color="k", lw=0.8)
-        titles = ("forward time (ms)", "forward+backward time (ms)",
-                  "our speedup, forward+backward\n(their time / ours; above 1: we are faster)", "peak memory, forward+backward (MiB)")
+        titles = (
+            "forward time (ms)",
+            "forward+backward time (ms)",
+            "our speedup, forward+backward\n(their time / ours; above 1: we are faster)",
+            "peak memory, forward+backward (MiB)",
+        )
         for ax, title in zip(axes, titles):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -512,6 +665,7 @@ def head_dim_table(Ns, Ds):
     128) next to the native dim they run on, so the cost of padding reads off as a ratio."""
     import turbopairformer as tpf
     from .attention import NATIVE_HEAD_DIMS, _padded_head_dim
+
     rows = []
     for N in Ns:
         for D in Ds:
@@ -521,8 +675,17 @@ def head_dim_table(Ns, Ds):
                 for t in st[:4]:
                     t.requires_grad_(True)
             t_f, t_fb, peak = measure(fwd, lambda a: a[:4], sets)
-            rows.append({"N": N, "D": D, "runs_on": _padded_head_dim(D), "native": D in NATIVE_HEAD_DIMS,
-                         "fwd_ms": t_f, "fwd_bwd_ms": t_fb, "peak_mib": peak})
+            rows.append(
+                {
+                    "N": N,
+                    "D": D,
+                    "runs_on": _padded_head_dim(D),
+                    "native": D in NATIVE_HEAD_DIMS,
+                    "fwd_ms": t_f,
+                    "fwd_bwd_ms": t_fb,
+                    "peak_mib": peak,
+                }
+            )
             del sets
             torch.cuda.empty_cache()
     by = {(r["N"], r["D"]): r for r in rows}
@@ -536,18 +699,26 @@ def head_dim_table(Ns, Ds):
 
 def write_head_dim_table(rows, out_dir: Path, gpu: str, command: str):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "head_dims.json").write_text(json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1))
-    lines = [f"# Triangle attention at every head dim ({gpu})", "",
-             f"`{command}`: B = 1, H = 4, S = N, bf16, 20% of keys masked; median of CUDA-event-timed "
-             "calls, three rotated input sets. A head dim off 16/32/64/128 runs zero-padded on the next "
-             "of those (`runs on`); the ratios compare it with that native dim at the same N (the pad "
-             "copies q, k, v and slices the gradients).", "",
-             "| N | D | runs on | fwd ms | fwd+bwd ms | peak MiB | fwd / native | fwd+bwd / native |",
-             "|---|---|---|---|---|---|---|---|"]
+    (out_dir / "head_dims.json").write_text(
+        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
+    )
+    lines = [
+        f"# Triangle attention at every head dim ({gpu})",
+        "",
+        f"`{command}`: B = 1, H = 4, S = N, bf16, 20% of keys masked; median of CUDA-event-timed "
+        "calls, three rotated input sets. A head dim off 16/32/64/128 runs zero-padded on the next "
+        "of those (`runs on`); the ratios compare it with that native dim at the same N (the pad "
+        "copies q, k, v and slices the gradients).",
+        "",
+        "| N | D | runs on | fwd ms | fwd+bwd ms | peak MiB | fwd / native | fwd+bwd / native |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ratio = lambda k: f"{r[k]:.2f}" if k in r else "—"
-        lines.append(f"| {r['N']} | {r['D']} | {r['runs_on']} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
-                     f"{r['peak_mib']:.0f} | {ratio('fwd_vs_native')} | {ratio('fwd_bwd_vs_native')} |")
+        lines.append(
+            f"| {r['N']} | {r['D']} | {r['runs_on']} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
+            f"{r['peak_mib']:.0f} | {ratio('fwd_vs_native')} | {ratio('fwd_bwd_vs_native')} |"
+        )
     (out_dir / "head_dims.md").write_text("\n".join(lines) + "\n")
 
 
@@ -558,30 +729,61 @@ def _out_dir(out, gpu: str) -> Path:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", default="128,256,384,512,640,768,1024,1536,2048")
     ap.add_argument("--d", default="16,32")
-    ap.add_argument("--trimul-n", default=None, help="N list for the multiplicative update (default: --n)")
+    ap.add_argument(
+        "--trimul-n", default=None, help="N list for the multiplicative update (default: --n)"
+    )
     ap.add_argument("--accuracy-n", type=int, default=256)
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default="attention,trimul")
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
-    ap.add_argument("--trimul-accuracy", metavar="N_LIST", default=None,
-                    help="only the multiplicative update's accuracy against FP64 (on the GPU) at these N")
-    ap.add_argument("--pairformer", action="store_true",
-                    help="only the Pairformer training step (one block, and a 4-block stack with AdamW), at --n")
-    ap.add_argument("--modes", default="eager,compile", help="with --pairformer: eager, compile or both")
-    ap.add_argument("--head-dims", metavar="D_LIST", default=None,
-                    help="only our attention at these head dims (padded ones beside their native dim), at --n")
-    ap.add_argument("--replot", metavar="REPORT_JSON", default=None,
-                    help="rewrite report.md and the plots from an earlier report.json, then stop")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds; cases not started by then are recorded as skipped")
+    ap.add_argument(
+        "--trimul-accuracy",
+        metavar="N_LIST",
+        default=None,
+        help="only the multiplicative update's accuracy against FP64 (on the GPU) at these N",
+    )
+    ap.add_argument(
+        "--pairformer",
+        action="store_true",
+        help="only the Pairformer training step (one block, and a 4-block stack with AdamW), "
+        "at --n",
+    )
+    ap.add_argument(
+        "--modes", default="eager,compile", help="with --pairformer: eager, compile or both"
+    )
+    ap.add_argument(
+        "--head-dims",
+        metavar="D_LIST",
+        default=None,
+        help="only our attention at these head dims (padded ones beside their native dim), at --n",
+    )
+    ap.add_argument(
+        "--replot",
+        metavar="REPORT_JSON",
+        default=None,
+        help="rewrite report.md and the plots from an earlier report.json, then stop",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds; cases not started by then are recorded as skipped",
+    )
     args = ap.parse_args(argv)
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
-        write_report(data["rows"], Path(args.out or Path(args.replot).parent), data["gpu"],
-                     torch_version=data.get("torch"), meta={k: data[k] for k in ("command", "wall_s") if k in data})
+        write_report(
+            data["rows"],
+            Path(args.out or Path(args.replot).parent),
+            data["gpu"],
+            torch_version=data.get("torch"),
+            meta={k: data[k] for k in ("command", "wall_s") if k in data},
+        )
         return
     if not torch.cuda.is_available():
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
@@ -596,13 +798,16 @@ def main(argv=None):
     command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.pairformer:
         from . import bench_pairformer
+
         out = _out_dir(args.out, gpu)
         bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command)
         print(f"written {out}/pairformer.md")
         return
     if args.head_dims:
         out = _out_dir(args.out, gpu)
-        write_head_dim_table(head_dim_table(Ns, [int(d) for d in args.head_dims.split(",")]), out, gpu, command)
+        write_head_dim_table(
+            head_dim_table(Ns, [int(d) for d in args.head_dims.split(",")]), out, gpu, command
+        )
         print(f"written {out}/head_dims.md")
         return
     if args.quick:
@@ -620,23 +825,32 @@ def main(argv=None):
     total = len(cases)
     try:
         from tqdm import tqdm
+
         bar = tqdm(total=total, unit="case")
         progress = lambda msg: (bar.set_description(msg), bar.update(1))
     except ImportError:
         count = [0]
+
         def progress(msg):
             count[0] += 1
             print(f"[{count[0]}/{total}] {msg}", file=sys.stderr)
+
     rows = []
     started = time.monotonic()
-    meta = lambda: {"command": "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv),
-                    "wall_s": round(time.monotonic() - started, 1)}
-    save = lambda: write_report(rows, out, gpu, plots=False, meta=meta())  # partial results survive a kill
+    meta = lambda: {
+        "command": "python -m turbopairformer.bench "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    save = lambda: write_report(
+        rows, out, gpu, plots=False, meta=meta()
+    )  # partial results survive a kill
 
     def on_term(signum, frame):  # e.g. `timeout`: finish the report, plots included, then stop
         rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped by signal {signum}"})
         write_report(rows, out, gpu, meta=meta())
         sys.exit(128 + signum)
+
     signal.signal(signal.SIGTERM, on_term)
     deadline = time.monotonic() + args.budget if args.budget else None
     inner = progress
@@ -645,6 +859,7 @@ def main(argv=None):
         inner(msg)
         if deadline is not None and time.monotonic() > deadline:
             raise _OutOfTime()
+
     try:
         for label, op, name, b, N, D in cases:
             progress(label)
@@ -653,7 +868,14 @@ def main(argv=None):
             else:
                 trimul_case(name, b, N, args.accuracy_n, rows, save)
     except _OutOfTime:
-        rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped: --budget {args.budget} s reached"})
+        rows.append(
+            {
+                "op": "note",
+                "backend": "-",
+                "N": 0,
+                "status": f"stopped: --budget {args.budget} s reached",
+            }
+        )
     write_report(rows, out, gpu, meta=meta())
     print(f"report written to {out}/report.md in {time.monotonic() - started:.0f} s")
 

@@ -1,7 +1,8 @@
 """The Pairformer training step: one block's forward + backward, and a 4-block stack's full
 optimizer step (forward, backward, AdamW), for each backend, eager and under torch.compile.
 
-    python -m turbopairformer.bench --pairformer [--n 256,384,512,640,768,1024] [--modes eager,compile]
+    python -m turbopairformer.bench --pairformer [--n 256,384,512,640,768,1024]
+        [--modes eager,compile]
 
 OpenFold3's training configuration: c_s = 384, c_z = 128, multiplicative-update hidden 128,
 triangle attention 4 heads x 32, AttentionPairBias 16 heads x 24, SwiGLU transitions n = 4,
@@ -12,6 +13,7 @@ weights. Measures: median CUDA-event time, peak extra memory, the relative error
 pairs against an fp32 run of the plain-PyTorch block (same weights, no autocast), and whether
 two backward passes give bitwise-identical parameter gradients (dropout off for that check).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +31,11 @@ def _backends():
     """name -> (block class, stack class); both take OpenFold3's configuration by default."""
     from .pairformer import PairformerBlock, PairformerStack
     from .reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack
-    return {"turbopairformer": (PairformerBlock, PairformerStack),
-            "pytorch": (OpenFold3PairFormerBlock, OpenFold3PairFormerStack)}
+
+    return {
+        "turbopairformer": (PairformerBlock, PairformerStack),
+        "pytorch": (OpenFold3PairFormerBlock, OpenFold3PairFormerStack),
+    }
 
 
 def _inputs(N, seed=0, c_s=384, c_z=128):
@@ -38,12 +43,14 @@ def _inputs(N, seed=0, c_s=384, c_z=128):
     s = torch.randn(1, N, c_s, device="cuda", generator=g)
     z = torch.randn(1, N, N, c_z, device="cuda", generator=g)
     sm = torch.ones(1, N, device="cuda")
-    sm[:, N - int(PAD * N):] = 0
+    sm[:, N - int(PAD * N) :] = 0
     return s, z, sm, sm[:, :, None] * sm[:, None, :]
 
 
 def _loss(so, zo, sm, pm):
-    return (so.float() * sm[..., None]).square().mean() + (zo.float() * pm[..., None]).square().mean()
+    return (so.float() * sm[..., None]).square().mean() + (
+        zo.float() * pm[..., None]
+    ).square().mean()
 
 
 def _median_ms(fn, iters):
@@ -134,6 +141,7 @@ def measure(name, mode, N, weights, iters=10):
 
 def run(Ns, modes, out_dir: Path, gpu: str, command: str):
     from .reference import OpenFold3PairFormerBlock
+
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
     cases = [(b, m, N) for N in Ns for m in modes for b in _backends()]
@@ -149,18 +157,52 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str):
     return rows
 
 
+COLUMNS = (
+    "backend",
+    "mode",
+    "N",
+    "block fwd+bwd ms",
+    "block peak GiB",
+    "4-block AdamW step ms",
+    "stack peak GiB",
+    "z err vs fp32",
+    "s err vs fp32",
+    "grads bitwise repeatable",
+    "first call s",
+)
+
+
 def write(rows, out_dir: Path, gpu: str, command: str):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "pairformer.json").write_text(json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1))
-    lines = [f"# Pairformer training step ({gpu})", "", f"`{command}`", "", __doc__.split("\n\n", 2)[2].strip(), "",
-             "| backend | mode | N | block fwd+bwd ms | block peak GiB | 4-block AdamW step ms | stack peak GiB "
-             "| z err vs fp32 | s err vs fp32 | grads bitwise repeatable | first call s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    (out_dir / "pairformer.json").write_text(
+        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
+    )
+    lines = [
+        f"# Pairformer training step ({gpu})",
+        "",
+        f"`{command}`",
+        "",
+        __doc__.split("\n\n", 2)[2].strip(),
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     for r in rows:
         if "status" in r:
-            lines.append(f"| {r['backend']} | {r['mode']} | {r['N']} | {r['status']} |||||||")
-            continue
-        lines.append(f"| {r['backend']} | {r['mode']} | {r['N']} | {r['block_fwd_bwd_ms']:.2f} | {r['block_peak_gib']:.2f} "
-                     f"| {r['stack4_step_ms']:.1f} | {r['stack4_peak_gib']:.2f} | {r['z_rel_err_vs_fp32']:.2e} "
-                     f"| {r['s_rel_err_vs_fp32']:.2e} | {'yes' if r['grads_bitwise_repeatable'] else 'NO'} | {r['first_call_s']} |")
+            cells = [r["backend"], r["mode"], r["N"], r["status"]] + [""] * (len(COLUMNS) - 4)
+        else:
+            cells = [
+                r["backend"],
+                r["mode"],
+                r["N"],
+                f"{r['block_fwd_bwd_ms']:.2f}",
+                f"{r['block_peak_gib']:.2f}",
+                f"{r['stack4_step_ms']:.1f}",
+                f"{r['stack4_peak_gib']:.2f}",
+                f"{r['z_rel_err_vs_fp32']:.2e}",
+                f"{r['s_rel_err_vs_fp32']:.2e}",
+                "yes" if r["grads_bitwise_repeatable"] else "NO",
+                r["first_call_s"],
+            ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     (out_dir / "pairformer.md").write_text("\n".join(lines) + "\n")

@@ -4,6 +4,7 @@ TriangleAttention (layer_norm, linear_z, mha.linear_{q,k,v,o,g}) and TriangleMul
 with load_state_dict. `bias=False` gives OpenFold3's AF3 configuration (no biases on the gate,
 output and multiplicative-update projections), which the Pairformer modules use; the default
 keeps biases, as in OpenFold's AF2 layers."""
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,9 @@ def _cat_linear(x: torch.Tensor, layers, pad_to: int = 1) -> torch.Tensor:
     aligned), absent biases as zeros. Returns [*, sum of widths (+ pad)]."""
     w = torch.cat([l.weight for l in layers])
     if any(l.bias is not None for l in layers):
-        b = torch.cat([l.bias if l.bias is not None else w.new_zeros(l.out_features) for l in layers])
+        b = torch.cat(
+            [l.bias if l.bias is not None else w.new_zeros(l.out_features) for l in layers]
+        )
     else:
         b = None
     extra = -w.shape[0] % pad_to
@@ -55,8 +58,15 @@ class TriangleAttention(nn.Module):
     to 128 (16, 32, 64 and 128 run natively, the others zero-padded). mask: [*, I, J], 1 = valid.
     """
 
-    def __init__(self, c_in: int, c_hidden: int, no_heads: int, starting: bool = True,
-                 compensate: bool = True, bias: bool = True):
+    def __init__(
+        self,
+        c_in: int,
+        c_hidden: int,
+        no_heads: int,
+        starting: bool = True,
+        compensate: bool = True,
+        bias: bool = True,
+    ):
         super().__init__()
         self.c_in, self.c_hidden, self.no_heads = c_in, c_hidden, no_heads
         self.starting, self.compensate = starting, compensate
@@ -66,29 +76,35 @@ class TriangleAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         lead = x.shape[:-3]
-        x = self.layer_norm(x.reshape(-1, *x.shape[-3:]))                  # [B, I, J, C]
+        x = self.layer_norm(x.reshape(-1, *x.shape[-3:]))  # [B, I, J, C]
         B, I, J, _ = x.shape
         H, c = self.no_heads, self.c_hidden
         m = self.mha
         proj = _cat_linear(x, (m.linear_q, m.linear_k, m.linear_v, m.linear_g, self.linear_z), 8)
         # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
         # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views of proj.
-        order, back = ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if self.starting else \
-            ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
-        q, k, v, g = (proj[..., t * H * c:(t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4))
+        order, back = (
+            ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4))
+            if self.starting
+            else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
+        )
+        q, k, v, g = (
+            proj[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4)
+        )
         q, k, v = (t.permute(order) for t in (q, k, v))
         # bias[b, h, q, k] = z[q, k, h] (starting) or z[k, q, h] (ending): [B, 1, H, N, N],
         # contiguous so that the kernel streams it with vector loads (H N^2 values)
-        zb = proj[..., 4 * H * c:4 * H * c + H]
-        bias = (zb.permute(0, 3, 1, 2) if self.starting else zb.permute(0, 3, 2, 1))
+        zb = proj[..., 4 * H * c : 4 * H * c + H]
+        bias = zb.permute(0, 3, 1, 2) if self.starting else zb.permute(0, 3, 2, 1)
         bias = bias.unsqueeze(1).contiguous()
         attn_mask = None
         if mask is not None:
             mask = mask.reshape(B, I, J).to(torch.bool)
             attn_mask = (mask if self.starting else mask.transpose(-1, -2))[:, :, None, None, :]
-        o = triangle_attention(q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c),
-                               compensate=self.compensate)                # [B, S, H, N, c]
-        o = torch.sigmoid(g) * o.permute(back)                # [B, I, J, H, c], g's layout
+        o = triangle_attention(
+            q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c), compensate=self.compensate
+        )  # [B, S, H, N, c]
+        o = torch.sigmoid(g) * o.permute(back)  # [B, I, J, H, c], g's layout
         return m.linear_o(o.reshape(B, I, J, H * c)).reshape(*lead, I, J, self.c_in)
 
 
@@ -96,8 +112,9 @@ TriangleAttentionStartingNode = TriangleAttention
 
 
 class TriangleAttentionEndingNode(TriangleAttention):
-    def __init__(self, c_in: int, c_hidden: int, no_heads: int, compensate: bool = True,
-                 bias: bool = True):
+    def __init__(
+        self, c_in: int, c_hidden: int, no_heads: int, compensate: bool = True, bias: bool = True
+    ):
         super().__init__(c_in, c_hidden, no_heads, starting=False, compensate=compensate, bias=bias)
 
 
@@ -107,8 +124,9 @@ class TriangleMultiplicativeUpdate(nn.Module):
     linear_z, layer_norm_in, layer_norm_out), so its checkpoints load unchanged.
     mask: [*, N, N], applied to the projections a and b."""
 
-    def __init__(self, c_z: int, c_hidden: int, outgoing: bool = True, eps: float = 1e-5,
-                 bias: bool = True):
+    def __init__(
+        self, c_z: int, c_hidden: int, outgoing: bool = True, eps: float = 1e-5, bias: bool = True
+    ):
         super().__init__()
         self.c_z, self.c_hidden, self.outgoing, self.eps = c_z, c_hidden, outgoing, eps
         self.linear_a_p = nn.Linear(c_z, c_hidden, bias=bias)
@@ -129,15 +147,23 @@ class TriangleMultiplicativeUpdate(nn.Module):
             mask = mask.reshape(-1, *mask.shape[-2:])
         cat = lambda a, b: torch.cat([a, b]) if a is not None else None  # noqa: E731
         out = triangle_multiplicative_update(
-            z, "outgoing" if self.outgoing else "incoming", mask,
-            norm_in_weight=self.layer_norm_in.weight, norm_in_bias=self.layer_norm_in.bias,
+            z,
+            "outgoing" if self.outgoing else "incoming",
+            mask,
+            norm_in_weight=self.layer_norm_in.weight,
+            norm_in_bias=self.layer_norm_in.bias,
             p_in_weight=cat(self.linear_a_p.weight, self.linear_b_p.weight),
             p_in_bias=cat(self.linear_a_p.bias, self.linear_b_p.bias),
             g_in_weight=cat(self.linear_a_g.weight, self.linear_b_g.weight),
             g_in_bias=cat(self.linear_a_g.bias, self.linear_b_g.bias),
-            norm_out_weight=self.layer_norm_out.weight, norm_out_bias=self.layer_norm_out.bias,
-            p_out_weight=self.linear_z.weight, p_out_bias=self.linear_z.bias,
-            g_out_weight=self.linear_g.weight, g_out_bias=self.linear_g.bias, eps=self.eps)
+            norm_out_weight=self.layer_norm_out.weight,
+            norm_out_bias=self.layer_norm_out.bias,
+            p_out_weight=self.linear_z.weight,
+            p_out_bias=self.linear_z.bias,
+            g_out_weight=self.linear_g.weight,
+            g_out_bias=self.linear_g.bias,
+            eps=self.eps,
+        )
         return out.reshape(*lead, *out.shape[-3:])
 
 

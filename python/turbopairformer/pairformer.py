@@ -9,6 +9,7 @@ The triangle ops run on our kernels; the single track's attention runs on our at
 with one slice. Pair dropout follows OpenFold3: one mask shared along the rows (dim -3) for the
 multiplicative updates and the starting node, along the columns for the ending node; off in eval.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,12 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import triangle_attention
-from .modules import (TriangleAttention, TriangleMultiplicativeUpdate, _cat_linear,
-                      _GatedAttentionProjections)
+from .modules import (
+    TriangleAttention,
+    TriangleMultiplicativeUpdate,
+    _cat_linear,
+    _GatedAttentionProjections,
+)
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -47,7 +52,9 @@ class SwiGLUTransition(nn.Module):
         self.linear_out = nn.Linear(n * c_in, c_in, bias=False)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        a, b = _cat_linear(self.layer_norm(x), (self.swiglu.linear_a, self.swiglu.linear_b)).chunk(2, -1)
+        a, b = _cat_linear(self.layer_norm(x), (self.swiglu.linear_a, self.swiglu.linear_b)).chunk(
+            2, -1
+        )
         x = self.linear_out(F.silu(a) * b)
         return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
 
@@ -65,18 +72,22 @@ class AttentionPairBias(nn.Module):
         self.linear_z = nn.Linear(c_z, no_heads, bias=False)
         self.mha = _GatedAttentionProjections(c_s, c_hidden, no_heads, bias=False, q_bias=True)
 
-    def forward(self, a: torch.Tensor, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, a: torch.Tensor, z: torch.Tensor, mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         B, N, _ = a.shape
         H, c = self.no_heads, self.c_hidden
         a = self.layer_norm_a(a)
         m = self.mha
-        proj = _cat_linear(a, (m.linear_q, m.linear_k, m.linear_v, m.linear_g), 8)   # [B, N, 4Hc]
-        q, k, v, g = (proj[..., t * H * c:(t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4))
-        q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in (q, k, v))   # [B, 1, H, N, c]
+        proj = _cat_linear(a, (m.linear_q, m.linear_k, m.linear_v, m.linear_g), 8)  # [B, N, 4Hc]
+        q, k, v, g = (
+            proj[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4)
+        )
+        q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # [B, 1, H, N, c]
         bias = self.linear_z(self.layer_norm_z(z)).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
         key_mask = None if mask is None else mask.reshape(B, 1, 1, 1, N).to(torch.bool)
         o = triangle_attention(q, k, v, bias.to(q.dtype), key_mask, scale=1.0 / math.sqrt(c))
-        o = torch.sigmoid(g) * o[:, 0].transpose(1, 2)                  # [B, N, H, c]
+        o = torch.sigmoid(g) * o[:, 0].transpose(1, 2)  # [B, N, H, c]
         return m.linear_o(o.reshape(B, N, H * c))
 
 
@@ -84,22 +95,39 @@ class PairBlock(nn.Module):
     """OpenFold3's PairBlock: both multiplicative updates, both triangle attentions, the pair
     transition, each added to z with pair dropout as OpenFold3 applies it."""
 
-    def __init__(self, c_z: int = 128, c_hidden_mul: int = 128, c_hidden_pair_att: int = 32,
-                 no_heads_pair: int = 4, transition_n: int = 4, pair_dropout: float = 0.25):
+    def __init__(
+        self,
+        c_z: int = 128,
+        c_hidden_mul: int = 128,
+        c_hidden_pair_att: int = 32,
+        no_heads_pair: int = 4,
+        transition_n: int = 4,
+        pair_dropout: float = 0.25,
+    ):
         super().__init__()
         self.pair_dropout = pair_dropout
-        self.tri_mul_out = TriangleMultiplicativeUpdate(c_z, c_hidden_mul, outgoing=True, bias=False)
-        self.tri_mul_in = TriangleMultiplicativeUpdate(c_z, c_hidden_mul, outgoing=False, bias=False)
-        self.tri_att_start = TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, starting=True, bias=False)
-        self.tri_att_end = TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, starting=False, bias=False)
+        self.tri_mul_out = TriangleMultiplicativeUpdate(
+            c_z, c_hidden_mul, outgoing=True, bias=False
+        )
+        self.tri_mul_in = TriangleMultiplicativeUpdate(
+            c_z, c_hidden_mul, outgoing=False, bias=False
+        )
+        self.tri_att_start = TriangleAttention(
+            c_z, c_hidden_pair_att, no_heads_pair, starting=True, bias=False
+        )
+        self.tri_att_end = TriangleAttention(
+            c_z, c_hidden_pair_att, no_heads_pair, starting=False, bias=False
+        )
         self.pair_transition = SwiGLUTransition(c_z, transition_n)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        drop = lambda x, dim: _shared_dropout(x, self.pair_dropout, self.training, dim)  # noqa: E731
+        def drop(x, dim):
+            return _shared_dropout(x, self.pair_dropout, self.training, dim)
+
         z = z + drop(self.tri_mul_out(z, pair_mask), -3)
         z = z + drop(self.tri_mul_in(z, pair_mask), -3)
         z = z + drop(self.tri_att_start(z, pair_mask), -3)
-        z = z + drop(self.tri_att_end(z, pair_mask), -2)     # column-wise: the transposed rows
+        z = z + drop(self.tri_att_end(z, pair_mask), -2)  # column-wise: the transposed rows
         return z + self.pair_transition(z, pair_mask)
 
 
@@ -108,17 +136,28 @@ class PairformerBlock(nn.Module):
     single track's attention with pair bias and its transition. s: [B, N, c_s], z: [B, N, N, c_z],
     single_mask: [B, N], pair_mask: [B, N, N] (1 = valid)."""
 
-    def __init__(self, c_s: int = 384, c_z: int = 128, c_hidden_pair_bias: int = 24,
-                 no_heads_pair_bias: int = 16, c_hidden_mul: int = 128, c_hidden_pair_att: int = 32,
-                 no_heads_pair: int = 4, transition_n: int = 4, pair_dropout: float = 0.25):
+    def __init__(
+        self,
+        c_s: int = 384,
+        c_z: int = 128,
+        c_hidden_pair_bias: int = 24,
+        no_heads_pair_bias: int = 16,
+        c_hidden_mul: int = 128,
+        c_hidden_pair_att: int = 32,
+        no_heads_pair: int = 4,
+        transition_n: int = 4,
+        pair_dropout: float = 0.25,
+    ):
         super().__init__()
-        self.pair_stack = PairBlock(c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair,
-                                    transition_n, pair_dropout)
+        self.pair_stack = PairBlock(
+            c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair, transition_n, pair_dropout
+        )
         self.attn_pair_bias = AttentionPairBias(c_s, c_z, c_hidden_pair_bias, no_heads_pair_bias)
         self.single_transition = SwiGLUTransition(c_s, transition_n)
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor,
-                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor, pair_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.pair_stack(z, pair_mask)
         s = s + self.attn_pair_bias(s, z, single_mask)
         return s + self.single_transition(s, single_mask), z
@@ -131,12 +170,16 @@ class PairformerStack(nn.Module):
     def __init__(self, no_blocks: int = 48, blocks_per_ckpt: Optional[int] = 1, **block_kwargs):
         super().__init__()
         if blocks_per_ckpt is not None and blocks_per_ckpt < 1:
-            raise ValueError(f"turbopairformer: argument 'blocks_per_ckpt': expected None or >= 1, got {blocks_per_ckpt}")
+            raise ValueError(
+                "turbopairformer: argument 'blocks_per_ckpt': expected None or >= 1, "
+                f"got {blocks_per_ckpt}"
+            )
         self.blocks_per_ckpt = blocks_per_ckpt
         self.blocks = nn.ModuleList(PairformerBlock(**block_kwargs) for _ in range(no_blocks))
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor,
-                pair_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor, pair_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         def run(first: int, last: int, s, z):
             for block in self.blocks[first:last]:
                 s, z = block(s, z, single_mask, pair_mask)

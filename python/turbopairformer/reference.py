@@ -2,6 +2,7 @@
 OpenFold3's parameter names and semantics: the oracle of the module tests and the "plain
 PyTorch" backend of the Pairformer benchmark. Masks are OpenFold3's additive -inf (1e9) biases;
 dropout is OpenFold3's shared-mask pair dropout."""
+
 import math
 
 import torch
@@ -86,7 +87,9 @@ class OpenFold3SwiGLUTransition(torch.nn.Module):
 
     def forward(self, x, mask=None):
         x = self.layer_norm(x)
-        x = self.linear_out(torch.nn.functional.silu(self.swiglu.linear_a(x)) * self.swiglu.linear_b(x))
+        x = self.linear_out(
+            torch.nn.functional.silu(self.swiglu.linear_a(x)) * self.swiglu.linear_b(x)
+        )
         return x if mask is None else x * mask.unsqueeze(-1)
 
 
@@ -108,7 +111,7 @@ class OpenFold3AttentionPairBias(torch.nn.Module):
 
     def forward(self, a, z, mask):
         a = self.layer_norm_a(a)
-        bias = self.linear_z(self.layer_norm_z(z)).permute(0, 3, 1, 2)        # [B, H, N, N]
+        bias = self.linear_z(self.layer_norm_z(z)).permute(0, 3, 1, 2)  # [B, H, N, N]
         bias = bias + (self.inf * (mask - 1))[:, None, None, :]
 
         def heads(t):
@@ -122,15 +125,24 @@ class OpenFold3AttentionPairBias(torch.nn.Module):
 
 
 class OpenFold3PairBlock(torch.nn.Module):
-    def __init__(self, c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair, transition_n,
-                 pair_dropout=0.25):
+    def __init__(
+        self, c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair, transition_n, pair_dropout=0.25
+    ):
         super().__init__()
         self.pair_dropout = pair_dropout
-        self.tri_mul_out = OpenFold3TriangleMultiplicativeUpdate(c_z, c_hidden_mul, True, bias=False)
-        self.tri_mul_in = OpenFold3TriangleMultiplicativeUpdate(c_z, c_hidden_mul, False, bias=False)
-        self.tri_att_start = OpenFold3TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, bias=False)
+        self.tri_mul_out = OpenFold3TriangleMultiplicativeUpdate(
+            c_z, c_hidden_mul, True, bias=False
+        )
+        self.tri_mul_in = OpenFold3TriangleMultiplicativeUpdate(
+            c_z, c_hidden_mul, False, bias=False
+        )
+        self.tri_att_start = OpenFold3TriangleAttention(
+            c_z, c_hidden_pair_att, no_heads_pair, bias=False
+        )
         # OpenFold3 runs the ending node as a starting-node module on the transposed pair tensor
-        self.tri_att_end = OpenFold3TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, bias=False)
+        self.tri_att_end = OpenFold3TriangleAttention(
+            c_z, c_hidden_pair_att, no_heads_pair, bias=False
+        )
         self.pair_transition = OpenFold3SwiGLUTransition(c_z, transition_n)
 
     def forward(self, z, pair_mask):
@@ -147,13 +159,25 @@ class OpenFold3PairBlock(torch.nn.Module):
 class OpenFold3PairFormerBlock(torch.nn.Module):
     """OpenFold3's PairFormerBlock, plain PyTorch (its training config by default)."""
 
-    def __init__(self, c_s=384, c_z=128, c_hidden_pair_bias=24, no_heads_pair_bias=16,
-                 c_hidden_mul=128, c_hidden_pair_att=32, no_heads_pair=4, transition_n=4,
-                 pair_dropout=0.25):
+    def __init__(
+        self,
+        c_s=384,
+        c_z=128,
+        c_hidden_pair_bias=24,
+        no_heads_pair_bias=16,
+        c_hidden_mul=128,
+        c_hidden_pair_att=32,
+        no_heads_pair=4,
+        transition_n=4,
+        pair_dropout=0.25,
+    ):
         super().__init__()
-        self.pair_stack = OpenFold3PairBlock(c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair,
-                                             transition_n, pair_dropout)
-        self.attn_pair_bias = OpenFold3AttentionPairBias(c_s, c_z, c_hidden_pair_bias, no_heads_pair_bias)
+        self.pair_stack = OpenFold3PairBlock(
+            c_z, c_hidden_mul, c_hidden_pair_att, no_heads_pair, transition_n, pair_dropout
+        )
+        self.attn_pair_bias = OpenFold3AttentionPairBias(
+            c_s, c_z, c_hidden_pair_bias, no_heads_pair_bias
+        )
         self.single_transition = OpenFold3SwiGLUTransition(c_s, transition_n)
 
     def forward(self, s, z, single_mask, pair_mask):
@@ -169,10 +193,13 @@ class OpenFold3PairFormerStack(torch.nn.Module):
     def __init__(self, no_blocks=48, blocks_per_ckpt=1, **block_kwargs):
         super().__init__()
         self.blocks_per_ckpt = blocks_per_ckpt
-        self.blocks = torch.nn.ModuleList(OpenFold3PairFormerBlock(**block_kwargs) for _ in range(no_blocks))
+        self.blocks = torch.nn.ModuleList(
+            OpenFold3PairFormerBlock(**block_kwargs) for _ in range(no_blocks)
+        )
 
     def forward(self, s, z, single_mask, pair_mask):
         from torch.utils.checkpoint import checkpoint
+
         for block in self.blocks:
             if self.blocks_per_ckpt and torch.is_grad_enabled():
                 s, z = checkpoint(block, s, z, single_mask, pair_mask, use_reentrant=False)

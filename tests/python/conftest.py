@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 try:
     import torch
+
     _gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 except ImportError:
     _gpu = False
@@ -47,5 +48,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     if exitstatus == 0 and _passed[0] == 0:
-        print("\nerror: no test ran (every one was skipped or deselected); see the skip reasons above")
+        print(
+            "\nerror: no test ran (every one was skipped or deselected); see the skip reasons above"
+        )
         session.exitstatus = 1

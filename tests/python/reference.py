@@ -1,18 +1,23 @@
 """Plain-PyTorch references used by the tests (float64, straight from docs/DESIGN.md); the OpenFold3
 layer references live in the package (turbopairformer.reference), where the benchmark uses them."""
+
 import math
 
 import torch
 
-from turbopairformer.reference import (OpenFold3AttentionPairBias, OpenFold3PairBlock,  # noqa: F401
-                                     OpenFold3PairFormerBlock, OpenFold3SwiGLUTransition,
-                                     OpenFold3TriangleAttention,
-                                     OpenFold3TriangleMultiplicativeUpdate)
+from turbopairformer.reference import (
+    OpenFold3AttentionPairBias,
+    OpenFold3PairBlock,  # noqa: F401
+    OpenFold3PairFormerBlock,
+    OpenFold3SwiGLUTransition,
+    OpenFold3TriangleAttention,
+    OpenFold3TriangleMultiplicativeUpdate,
+)
 
 
 def attention_reference(q, k, v, bias, mask=None, scale=None):
-    """docs/DESIGN.md section 1 in float64: masked keys get -inf; rows whose keys are all masked give
-    zeros. A masked (query, key) pair takes no part, in the output or in any gradient: every
+    """docs/DESIGN.md section 1 in float64: masked keys get -inf; rows whose keys are all masked
+    give zeros. A masked (query, key) pair takes no part, in the output or in any gradient: every
     masked entry is selected away (torch.where), never multiplied by 0, so that a NaN elsewhere
     in its row or column does not reach it as 0 * NaN. Any other NaN propagates, as in PyTorch."""
     q, k, v, bias = (t.double() for t in (q, k, v, bias))

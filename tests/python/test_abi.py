@@ -2,6 +2,7 @@
 builds its ctypes mirrors from the library's own layout table. These tests fail if ctypes lays a
 struct out differently from the compiler (a field of the wrong kind, a missing field, padding),
 or if the package's names disagree with the library's."""
+
 import ctypes
 
 import pytest
@@ -11,9 +12,14 @@ pytest.importorskip("torch", reason="PyTorch is not importable here")
 from turbopairformer import _native
 
 
-@pytest.mark.parametrize("record, mirror", [("tpf_tensor", _native.TpfTensor),
-                                            ("tpf_attention_args", _native.TpfAttentionArgs),
-                                            ("tpf_trimul_args", _native.TpfTrimulArgs)])
+@pytest.mark.parametrize(
+    "record, mirror",
+    [
+        ("tpf_tensor", _native.TpfTensor),
+        ("tpf_attention_args", _native.TpfAttentionArgs),
+        ("tpf_trimul_args", _native.TpfTrimulArgs),
+    ],
+)
 def test_ctypes_layout_equals_the_compiled_one(record, mirror):
     rows = [r for r in _native.abi_fields() if r[0] == record]
     size = [r[4] for r in rows if r[2] == "struct"]

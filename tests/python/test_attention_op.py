@@ -1,5 +1,6 @@
 """turbopairformer.triangle_attention: CPU reference path, CUDA kernels, errors, compile,
 CUDA graphs and opcheck."""
+
 import math
 
 import pytest
@@ -11,11 +12,24 @@ from conftest import requires_gpu, zero_fills_during
 from reference import attention_reference
 
 
-def make(B=1, S=3, H=2, N=7, D=16, dtype=torch.float64, device="cpu", bias_dtype=None, seed=0,
-         keep=0.8, layout="bshnd"):
+def make(
+    B=1,
+    S=3,
+    H=2,
+    N=7,
+    D=16,
+    dtype=torch.float64,
+    device="cpu",
+    bias_dtype=None,
+    seed=0,
+    keep=0.8,
+    layout="bshnd",
+):
     g = torch.Generator().manual_seed(seed)
+
     def rnd(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
+
     if layout == "bsnhd":  # OpenFold3's physical layout, viewed as [B,S,H,N,D]
         q, k, v = (rnd(B, S, N, H, D).to(device, dtype).transpose(2, 3) for _ in range(3))
     else:
@@ -39,8 +53,12 @@ def rel(x, ref):
 def test_cpu_reference_path_matches_plain_pytorch():
     q, k, v, bias, mask = make(N=9, D=8)
     dout = torch.randn_like(q)
-    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
-    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout)
+    out, g = grads(
+        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
+    )
+    ref, gref = grads(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout
+    )
     assert torch.allclose(out, ref, atol=1e-12)
     for x, y in zip(g, gref):
         assert torch.allclose(x, y, atol=1e-10)
@@ -62,29 +80,40 @@ def test_backward_fills_no_gradient_for_the_residual_or_lse():
     qq = q.detach().requires_grad_(True)
     out = tpf.triangle_attention(qq, k, v, bias, mask)
     fills = zero_fills_during(lambda: out.sum().backward())
-    assert (q.dtype, tuple(q.shape)) not in fills and (torch.float32, tuple(q.shape[:-1])) not in fills
+    assert (q.dtype, tuple(q.shape)) not in fills and (
+        torch.float32,
+        tuple(q.shape[:-1]),
+    ) not in fills
     assert qq.grad is not None and torch.isfinite(qq.grad).all()
 
 
 def test_extra_leading_batch_dims_and_explicit_scale():
     q, k, v, bias, mask = make(B=6, N=5, D=8)
-    out = tpf.triangle_attention(q.view(2, 3, *q.shape[1:]), k.view(2, 3, *k.shape[1:]),
-                                 v.view(2, 3, *v.shape[1:]), bias.view(2, 3, *bias.shape[1:]),
-                                 mask.view(2, 3, *mask.shape[1:]), scale=0.3)
+    out = tpf.triangle_attention(
+        q.view(2, 3, *q.shape[1:]),
+        k.view(2, 3, *k.shape[1:]),
+        v.view(2, 3, *v.shape[1:]),
+        bias.view(2, 3, *bias.shape[1:]),
+        mask.view(2, 3, *mask.shape[1:]),
+        scale=0.3,
+    )
     ref = attention_reference(q, k, v, bias, mask, scale=0.3)
     assert out.shape == (2, 3, *q.shape[1:])
     assert torch.allclose(out.reshape(ref.shape), ref, atol=1e-12)
 
 
-@pytest.mark.parametrize("case, exc, word", [
-    ("q_int", TypeError, "'q'"),
-    ("mask_float", TypeError, "'mask'"),
-    ("q_rank", ValueError, "'q'"),
-    ("k_shape", ValueError, "'k'"),
-    ("bias_heads", ValueError, "'bias'"),
-    ("q_head_stride", ValueError, "'q'"),
-    ("scale_zero", ValueError, "'scale'"),
-])
+@pytest.mark.parametrize(
+    "case, exc, word",
+    [
+        ("q_int", TypeError, "'q'"),
+        ("mask_float", TypeError, "'mask'"),
+        ("q_rank", ValueError, "'q'"),
+        ("k_shape", ValueError, "'k'"),
+        ("bias_heads", ValueError, "'bias'"),
+        ("q_head_stride", ValueError, "'q'"),
+        ("scale_zero", ValueError, "'scale'"),
+    ],
+)
 def test_bad_input_names_the_argument(case, exc, word):
     q, k, v, bias, mask = make(N=6, D=8)
     kwargs = {}
@@ -118,8 +147,12 @@ def test_head_dims_outside_the_rule_say_what_is_supported(D):
 def test_any_multiple_of_8_runs_on_cpu_with_the_callers_default_scale():
     q, k, v, bias, mask = make(N=6, D=24)
     dout = torch.randn_like(q)
-    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
-    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout)
+    out, g = grads(
+        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
+    )
+    ref, gref = grads(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout
+    )
     assert out.shape == q.shape and torch.allclose(out, ref, atol=1e-12)
     for x, y in zip(g, gref):
         assert x.shape == y.shape and torch.allclose(x, y, atol=1e-10)
@@ -130,8 +163,10 @@ def test_any_multiple_of_8_runs_on_cpu_with_the_callers_default_scale():
 def test_empty_problems_give_empty_results_and_zero_bias_gradients(device, empty):
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     S, N = (0, 5) if empty == "S" else (3, 0)
-    q, k, v = (torch.randn(1, S, 2, N, 16, dtype=dtype, device=device, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(1, S, 2, N, 16, dtype=dtype, device=device, requires_grad=True)
+        for _ in range(3)
+    )
     bias = torch.randn(1, 1, 2, N, N, dtype=dtype, device=device, requires_grad=True)
     mask = torch.ones(1, S, 1, 1, N, dtype=torch.bool, device=device)
     out = tpf.triangle_attention(q, k, v, bias, mask)
@@ -149,8 +184,9 @@ def test_opcheck_cpu():
 
 # ---------------------------------------------------------------- CUDA
 def gpu_case(N, D, bias_dtype=torch.bfloat16, layout="bshnd", dtype=torch.bfloat16, S=3, seed=0):
-    q, k, v, bias, mask = make(S=S, N=N, D=D, dtype=dtype, device="cuda", bias_dtype=bias_dtype,
-                               layout=layout, seed=seed)
+    q, k, v, bias, mask = make(
+        S=S, N=N, D=D, dtype=dtype, device="cuda", bias_dtype=bias_dtype, layout=layout, seed=seed
+    )
     dout = torch.randn(q.shape, device="cuda", dtype=torch.float64).to(dtype)
     return q, k, v, bias, mask, dout
 
@@ -160,14 +196,26 @@ def floor(ref, dtype=torch.bfloat16):
 
 
 @requires_gpu
-@pytest.mark.parametrize("N, D, bias_dtype, layout", [
-    (1, 16, torch.bfloat16, "bshnd"), (7, 32, torch.float32, "bsnhd"), (100, 64, torch.bfloat16, "bsnhd"),
-    (129, 128, torch.float32, "bshnd"), (333, 32, torch.bfloat16, "bsnhd")])
+@pytest.mark.parametrize(
+    "N, D, bias_dtype, layout",
+    [
+        (1, 16, torch.bfloat16, "bshnd"),
+        (7, 32, torch.float32, "bsnhd"),
+        (100, 64, torch.bfloat16, "bsnhd"),
+        (129, 128, torch.float32, "bshnd"),
+        (333, 32, torch.bfloat16, "bsnhd"),
+    ],
+)
 def test_gpu_matches_fp64_within_the_bf16_floor(N, D, bias_dtype, layout):
     q, k, v, bias, mask, dout = gpu_case(N, D, bias_dtype, layout)
-    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
-    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-                      tuple(t.double() for t in (q, k, v, bias)), dout.double())  # float64 leaves
+    out, g = grads(
+        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
+    )
+    ref, gref = grads(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+        tuple(t.double() for t in (q, k, v, bias)),
+        dout.double(),
+    )  # float64 leaves
     assert out.dtype == q.dtype and g[3].dtype == bias_dtype
     assert rel(out, ref) <= 1.6 * floor(ref)
     for x, y in zip(g, gref):
@@ -179,8 +227,10 @@ def test_gpu_matches_fp64_within_the_bf16_floor(N, D, bias_dtype, layout):
 def test_gpu_strided_inputs_are_not_copied_and_gradients_deterministic():
     q, k, v, bias, mask, dout = gpu_case(64, 32, layout="bsnhd")
     assert not q.is_contiguous()
-    runs = [grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)[1]
-            for _ in range(3)]
+    runs = [
+        grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)[1]
+        for _ in range(3)
+    ]
     for r in runs[1:]:
         for x, y in zip(r, runs[0]):
             assert torch.equal(x, y)
@@ -240,12 +290,19 @@ def test_gpu_gradients_meet_the_accuracy_target_through_the_python_api():
     (20% of keys masked, compensation on). Fewer slices than S=N keep the FP64 reference quick."""
     g = torch.Generator(device="cuda").manual_seed(7)
     B, S, H, N, D = 1, 32, 4, 384, 32
-    q, k, v, dout = (torch.randn(B, S, H, N, D, device="cuda", generator=g).bfloat16() for _ in range(4))
+    q, k, v, dout = (
+        torch.randn(B, S, H, N, D, device="cuda", generator=g).bfloat16() for _ in range(4)
+    )
     bias = torch.randn(B, 1, H, N, N, device="cuda", generator=g).bfloat16()
     mask = torch.rand(B, S, 1, 1, N, device="cuda", generator=g) < 0.8
-    _, got = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
-    _, ref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-                   tuple(t.double() for t in (q, k, v, bias)), dout.double())
+    _, got = grads(
+        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
+    )
+    _, ref = grads(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+        tuple(t.double() for t in (q, k, v, bias)),
+        dout.double(),
+    )
     for name, x, y in zip(("dq", "dk", "dv", "dbias"), got, ref):
         assert rel(x, y) <= 1.5 * floor(y), name
 
@@ -256,9 +313,14 @@ def test_gpu_padded_head_dims_match_fp64(D):
     """D off the built list runs zero-padded on the next built one, with the caller's 1/sqrt(D)
     and the caller's shapes; accuracy as for the native dims."""
     q, k, v, bias, mask, dout = gpu_case(77, D, layout="bsnhd")
-    out, g = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
-    ref, gref = grads(lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-                      tuple(t.double() for t in (q, k, v, bias)), dout.double())
+    out, g = grads(
+        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
+    )
+    ref, gref = grads(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+        tuple(t.double() for t in (q, k, v, bias)),
+        dout.double(),
+    )
     assert out.shape == q.shape and all(x.shape == y.shape for x, y in zip(g, gref))
     assert rel(out, ref) <= 1.6 * floor(ref)
     for x, y in zip(g, gref):

@@ -1,4 +1,5 @@
 """The benchmark report writer (no GPU needed): Markdown, JSON and, with matplotlib, plots."""
+
 import json
 
 import pytest
@@ -12,11 +13,27 @@ def rows():
     r = []
     for backend, scale in (("turbopairformer", 1.0), ("pytorch_eager", 5.0)):
         for N in (128, 256):
-            r.append({"op": "triangle_attention", "backend": backend, "N": N, "D": 32,
-                      "fwd_ms": 0.1 * scale * N / 128, "fwd_bwd_ms": 0.5 * scale * N / 128,
-                      "peak_mib": 10.0 * scale, "status": "ok"})
-    r.append({"op": "triangle_attention", "backend": "trifast", "N": 128, "D": 32,
-              "status": "not installed: pip install trifast"})
+            r.append(
+                {
+                    "op": "triangle_attention",
+                    "backend": backend,
+                    "N": N,
+                    "D": 32,
+                    "fwd_ms": 0.1 * scale * N / 128,
+                    "fwd_bwd_ms": 0.5 * scale * N / 128,
+                    "peak_mib": 10.0 * scale,
+                    "status": "ok",
+                }
+            )
+    r.append(
+        {
+            "op": "triangle_attention",
+            "backend": "trifast",
+            "N": 128,
+            "D": 32,
+            "status": "not installed: pip install trifast",
+        }
+    )
     r.append({"op": "note", "backend": "-", "N": 0, "status": "stopped: --budget 1 s reached"})
     return r
 
@@ -38,7 +55,9 @@ def test_report_files(tmp_path):
 def test_rows_are_grouped_by_backend_whatever_the_run_order(tmp_path):
     r = rows()
     bench.write_report(list(reversed(r)), tmp_path, "Fake GPU", plots=False)
-    md = (tmp_path / "report.md").read_text().split("## triangle_attention")[1].splitlines()  # detailed rows
+    md = (
+        (tmp_path / "report.md").read_text().split("## triangle_attention")[1].splitlines()
+    )  # detailed rows
     ours = [i for i, line in enumerate(md) if line.startswith("| turbopairformer | ")]
     assert len(ours) == 2 and ours[1] == ours[0] + 1  # adjacent, N ascending
     assert "| 128 |" in md[ours[0]] and "| 256 |" in md[ours[1]]
@@ -57,8 +76,22 @@ def test_schedule_is_size_major_across_ops():
 
 
 def test_summary_table_and_run_metadata(tmp_path):
-    r = rows() + [{"op": "triangle_attention", "backend": "pytorch_eager", "N": 512, "D": 32, "status": "out of memory"}]
-    bench.write_report(r, tmp_path, "Fake GPU", plots=False, meta={"command": "python -m turbopairformer.bench", "wall_s": 412.3})
+    r = rows() + [
+        {
+            "op": "triangle_attention",
+            "backend": "pytorch_eager",
+            "N": 512,
+            "D": 32,
+            "status": "out of memory",
+        }
+    ]
+    bench.write_report(
+        r,
+        tmp_path,
+        "Fake GPU",
+        plots=False,
+        meta={"command": "python -m turbopairformer.bench", "wall_s": 412.3},
+    )
     md = (tmp_path / "report.md").read_text()
     assert "wall time of the whole run: 412 s" in md
     assert "| backend | N=128 | N=256 | N=512 |" in md
@@ -76,18 +109,25 @@ def test_timed_iterations_shrink_for_slow_cases():
 
 def test_bsnhd_layout_for_deepspeed_and_openfold3():
     import torch
+
     q = torch.randn(1, 5, 4, 5, 8)
     mask = torch.rand(1, 5, 1, 1, 5) < 0.5
     tq, tk, tv, bias, mb = bench.prep_layout_bsnhd(q, q, q, torch.zeros(1, 1, 4, 5, 5), mask)
     assert tq.shape == (1, 5, 5, 4, 8) and tq.is_contiguous() and torch.equal(tq.transpose(2, 3), q)
-    assert mb.shape == (1, 5, 1, 1, 5) and bool((mb[mask] == 0).all()) and bool((mb[~mask] == -1e9).all())
+    assert (
+        mb.shape == (1, 5, 1, 1, 5)
+        and bool((mb[mask] == 0).all())
+        and bool((mb[~mask] == -1e9).all())
+    )
 
 
 def test_trimul_floor_table_on_cpu(tmp_path):
     # CPU tensors run the FP64 reference and round once to bf16: every ratio is 1 by construction.
     rows = bench.trimul_floor_table([5], C=32, device="cpu")
     r = rows[0]
-    assert r["status"] == "ok" and set(k for k in r if k.startswith("d_")) == {"d_" + k for k in bench.TRIMUL_WEIGHTS}
+    assert r["status"] == "ok" and set(k for k in r if k.startswith("d_")) == {
+        "d_" + k for k in bench.TRIMUL_WEIGHTS
+    }
     assert 1e-4 < r["out"]["floor"] < 1e-2
     assert all(abs(v["ratio"] - 1) < 0.05 for k, v in r.items() if isinstance(v, dict))
     bench.write_floor_table(rows, tmp_path, "Fake GPU")
@@ -100,6 +140,7 @@ def test_trimul_floor_table_on_cpu(tmp_path):
 
 def test_a_failing_case_is_recorded_and_the_run_goes_on():
     import torch
+
     saved = []
 
     def oom(row):
@@ -109,8 +150,11 @@ def test_a_failing_case_is_recorded_and_the_run_goes_on():
         row["fwd_ms"] = 1.0
         raise ValueError("bad layout\nsecond line")
 
-    for body, status in ((oom, "out of memory"), (broken, "failed: ValueError: bad layout"),
-                         (lambda row: row.update(fwd_ms=2.0), "ok")):
+    for body, status in (
+        (oom, "out of memory"),
+        (broken, "failed: ValueError: bad layout"),
+        (lambda row: row.update(fwd_ms=2.0), "ok"),
+    ):
         row = {}
         bench.run_case(row, body, lambda: saved.append(1))
         assert row["status"] == status and "case_s" in row
@@ -119,13 +163,33 @@ def test_a_failing_case_is_recorded_and_the_run_goes_on():
 
 def test_pairformer_report_files(tmp_path):
     from turbopairformer import bench_pairformer
-    rows = [{"backend": "turbopairformer", "mode": "eager", "N": 384, "first_call_s": 1.0,
-             "block_fwd_bwd_ms": 12.5, "block_peak_gib": 2.0, "stack4_step_ms": 60.0,
-             "stack4_peak_gib": 3.0, "z_rel_err_vs_fp32": 1e-2, "s_rel_err_vs_fp32": 2e-2,
-             "grads_bitwise_repeatable": True},
-            {"backend": "pytorch", "mode": "compile", "N": 1024, "status": "out of memory"}]
-    bench_pairformer.write(rows, tmp_path, "Fake GPU", "python -m turbopairformer.bench --pairformer")
+
+    rows = [
+        {
+            "backend": "turbopairformer",
+            "mode": "eager",
+            "N": 384,
+            "first_call_s": 1.0,
+            "block_fwd_bwd_ms": 12.5,
+            "block_peak_gib": 2.0,
+            "stack4_step_ms": 60.0,
+            "stack4_peak_gib": 3.0,
+            "z_rel_err_vs_fp32": 1e-2,
+            "s_rel_err_vs_fp32": 2e-2,
+            "grads_bitwise_repeatable": True,
+        },
+        {"backend": "pytorch", "mode": "compile", "N": 1024, "status": "out of memory"},
+    ]
+    bench_pairformer.write(
+        rows, tmp_path, "Fake GPU", "python -m turbopairformer.bench --pairformer"
+    )
     md = (tmp_path / "pairformer.md").read_text()
-    assert "| turbopairformer | eager | 384 | 12.50 | 2.00 | 60.0 | 3.00 | 1.00e-02 | 2.00e-02 | yes | 1.0 |" in md
+    assert (
+        "| turbopairformer | eager | 384 | 12.50 | 2.00 | 60.0 | 3.00 | 1.00e-02 | 2.00e-02 "
+        "| yes | 1.0 |" in md
+    )
     assert "| pytorch | compile | 1024 | out of memory |" in md
-    assert json.loads((tmp_path / "pairformer.json").read_text())["rows"][1]["status"] == "out of memory"
+    assert (
+        json.loads((tmp_path / "pairformer.json").read_text())["rows"][1]["status"]
+        == "out of memory"
+    )

@@ -1,5 +1,6 @@
 """TriangleAttention module: OpenFold3 weight names, equivalence with a plain-PyTorch
 OpenFold3-style module, and deterministic training under torch.compile."""
+
 import os
 
 import pytest
@@ -11,9 +12,17 @@ from conftest import requires_gpu
 from reference import OpenFold3TriangleAttention, assert_module_matches
 
 OPENFOLD3_KEYS = {
-    "layer_norm.weight", "layer_norm.bias", "linear_z.weight", "mha.linear_q.weight",
-    "mha.linear_k.weight", "mha.linear_v.weight", "mha.linear_o.weight", "mha.linear_o.bias",
-    "mha.linear_g.weight", "mha.linear_g.bias"}
+    "layer_norm.weight",
+    "layer_norm.bias",
+    "linear_z.weight",
+    "mha.linear_q.weight",
+    "mha.linear_k.weight",
+    "mha.linear_v.weight",
+    "mha.linear_o.weight",
+    "mha.linear_o.bias",
+    "mha.linear_g.weight",
+    "mha.linear_g.bias",
+}
 
 
 def pair(B=2, N=6, C=8, dtype=torch.float64, device="cpu", seed=0):
@@ -36,8 +45,12 @@ def test_state_dict_keys_match_openfold3():
 def test_matches_openfold3_module_on_cpu(starting):
     torch.manual_seed(0)
     x, mask = pair()
-    assert_module_matches(OpenFold3TriangleAttention(8, 8, 2, starting=starting).double(),
-                          tpf.TriangleAttention(8, 8, 2, starting=starting).double(), x, mask)
+    assert_module_matches(
+        OpenFold3TriangleAttention(8, 8, 2, starting=starting).double(),
+        tpf.TriangleAttention(8, 8, 2, starting=starting).double(),
+        x,
+        mask,
+    )
 
 
 @requires_gpu
@@ -57,7 +70,8 @@ def test_matches_openfold3_module_on_gpu_in_bf16():
 def _train(seed, steps=50):
     torch.manual_seed(seed)
     blocks = torch.nn.ModuleList(
-        [tpf.TriangleAttention(64, 32, 4, starting=i % 2 == 0) for i in range(4)]).cuda()
+        [tpf.TriangleAttention(64, 32, 4, starting=i % 2 == 0) for i in range(4)]
+    ).cuda()
     opt = torch.optim.Adam(blocks.parameters(), lr=1e-3)
 
     def step(x, mask, target):

@@ -2,6 +2,7 @@
 as a non-finite value wherever plain PyTorch (FP64) shows one, in the output and in every
 gradient. Only the mask makes a row zero. On the CPU the pattern of non-finite values must equal
 PyTorch's exactly; on the GPU (bf16 operands) it must cover it."""
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
@@ -46,8 +47,13 @@ def attention_case(device, seed):
 
 
 # (input, index): query row 2 of slice 0, key 3, the bias entry between them, one dout element.
-ATTN_SITES = [("q", (0, 0, 0, 2, 5)), ("k", (0, 0, 1, 3, 0)), ("v", (0, 1, 0, 3, 7)),
-              ("bias", (0, 0, 1, 2, 3)), ("dout", (0, 2, 0, 4, 1))]
+ATTN_SITES = [
+    ("q", (0, 0, 0, 2, 5)),
+    ("k", (0, 0, 1, 3, 0)),
+    ("v", (0, 1, 0, 3, 7)),
+    ("bias", (0, 0, 1, 2, 3)),
+    ("dout", (0, 2, 0, 4, 1)),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -58,10 +64,15 @@ def test_attention_never_hides_a_non_finite_input(device, value, site, index):
     t[site][index] = value
     inputs = [t[n] for n in ("q", "k", "v", "bias")]
     ours = run(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), inputs, t["dout"])
-    ref = run(lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-              [x.double() for x in inputs], t["dout"].double())
-    seen = [check_pattern(n, x, y, device == "cpu")
-            for n, x, y in zip(("out", "dq", "dk", "dv", "dbias"), ours, ref)]
+    ref = run(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+        [x.double() for x in inputs],
+        t["dout"].double(),
+    )
+    seen = [
+        check_pattern(n, x, y, device == "cpu")
+        for n, x, y in zip(("out", "dq", "dk", "dv", "dbias"), ours, ref)
+    ]
     # one -inf bias entry only removes a key from one row: everything stays finite
     assert any(seen) or (site == "bias" and value == float("-inf"))
 
@@ -86,17 +97,30 @@ def trimul_case(device, seed, C=32, N=12):
     def rnd(*shape, scale=1.0):
         return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(device, wdtype)
 
-    w = dict(norm_in_weight=1 + rnd(C, scale=0.1), norm_in_bias=rnd(C, scale=0.1),
-             p_in_weight=rnd(2 * C, C, scale=C ** -0.5), p_in_bias=rnd(2 * C, scale=0.1),
-             g_in_weight=rnd(2 * C, C, scale=C ** -0.5), g_in_bias=rnd(2 * C, scale=0.1),
-             norm_out_weight=1 + rnd(C, scale=0.1), norm_out_bias=rnd(C, scale=0.1),
-             p_out_weight=rnd(C, C, scale=C ** -0.5), p_out_bias=rnd(C, scale=0.1),
-             g_out_weight=rnd(C, C, scale=C ** -0.5), g_out_bias=rnd(C, scale=0.1))
+    w = dict(
+        norm_in_weight=1 + rnd(C, scale=0.1),
+        norm_in_bias=rnd(C, scale=0.1),
+        p_in_weight=rnd(2 * C, C, scale=C**-0.5),
+        p_in_bias=rnd(2 * C, scale=0.1),
+        g_in_weight=rnd(2 * C, C, scale=C**-0.5),
+        g_in_bias=rnd(2 * C, scale=0.1),
+        norm_out_weight=1 + rnd(C, scale=0.1),
+        norm_out_bias=rnd(C, scale=0.1),
+        p_out_weight=rnd(C, C, scale=C**-0.5),
+        p_out_bias=rnd(C, scale=0.1),
+        g_out_weight=rnd(C, C, scale=C**-0.5),
+        g_out_bias=rnd(C, scale=0.1),
+    )
     z = torch.randn(1, N, N, C, generator=g, dtype=torch.float64)
     mask = (torch.rand(1, N, N, generator=g) < 0.8).double()
     mask[0, 2, 3] = 1.0
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
-    return z.to(device, dtype), mask.to(device, wdtype), w, torch.randn(z.shape, generator=g).to(device, dtype)
+    return (
+        z.to(device, dtype),
+        mask.to(device, wdtype),
+        w,
+        torch.randn(z.shape, generator=g).to(device, dtype),
+    )
 
 
 def trimul_reference(z, direction, mask, w):
@@ -104,10 +128,16 @@ def trimul_reference(z, direction, mask, w):
     Ch = w["p_in_weight"].shape[0] // 2
     ref = OpenFold3TriangleMultiplicativeUpdate(z.shape[-1], Ch, outgoing=direction == "outgoing")
     ref = ref.double().to(z.device)
-    params = {"layer_norm_in.weight": w["norm_in_weight"], "layer_norm_in.bias": w["norm_in_bias"],
-              "layer_norm_out.weight": w["norm_out_weight"], "layer_norm_out.bias": w["norm_out_bias"],
-              "linear_z.weight": w["p_out_weight"], "linear_z.bias": w["p_out_bias"],
-              "linear_g.weight": w["g_out_weight"], "linear_g.bias": w["g_out_bias"]}
+    params = {
+        "layer_norm_in.weight": w["norm_in_weight"],
+        "layer_norm_in.bias": w["norm_in_bias"],
+        "layer_norm_out.weight": w["norm_out_weight"],
+        "layer_norm_out.bias": w["norm_out_bias"],
+        "linear_z.weight": w["p_out_weight"],
+        "linear_z.bias": w["p_out_bias"],
+        "linear_g.weight": w["g_out_weight"],
+        "linear_g.bias": w["g_out_bias"],
+    }
     for key, half in (("p", 0), ("g", 1)):
         for part, rows in (("a", slice(0, Ch)), ("b", slice(Ch, 2 * Ch))):
             params[f"linear_{part}_{key}.weight"] = w[f"{key}_in_weight"][rows]
@@ -117,9 +147,16 @@ def trimul_reference(z, direction, mask, w):
     return torch.func.functional_call(ref, params, (z.double(), mask.double()))
 
 
-TRIMUL_SITES = [("z", (0, 2, 3, 1)), ("mask", (0, 2, 3)), ("norm_in_weight", (4,)),
-                ("p_in_weight", (3, 5)), ("g_in_weight", (40, 2)), ("p_out_weight", (6, 1)),
-                ("g_out_weight", (0, 9)), ("dout", (0, 5, 1, 2))]
+TRIMUL_SITES = [
+    ("z", (0, 2, 3, 1)),
+    ("mask", (0, 2, 3)),
+    ("norm_in_weight", (4,)),
+    ("p_in_weight", (3, 5)),
+    ("g_in_weight", (40, 2)),
+    ("p_out_weight", (6, 1)),
+    ("g_out_weight", (0, 9)),
+    ("dout", (0, 5, 1, 2)),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,6 +177,8 @@ def test_trimul_never_hides_a_non_finite_input(device, direction, value, site, i
 
     ours = run(ours_fn, inputs, dout)
     ref = run(ref_fn, [t.double() for t in inputs], dout.double())
-    seen = [check_pattern(n, x, y, device == "cpu")
-            for n, x, y in zip(["out", "dz"] + ["d_" + n for n in names], ours, ref)]
+    seen = [
+        check_pattern(n, x, y, device == "cpu")
+        for n, x, y in zip(["out", "dz"] + ["d_" + n for n in names], ours, ref)
+    ]
     assert any(seen), "the poison reached nothing (test set-up)"

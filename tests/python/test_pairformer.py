@@ -1,6 +1,7 @@
 """PairformerBlock / PairformerStack: OpenFold3's parameter names (a PairFormerStack state_dict
 loads unchanged), equivalence with a plain-PyTorch OpenFold3 block (outputs and every parameter
 gradient over valid pairs and tokens, with padded tokens), dropout structure, checkpointing."""
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
@@ -9,8 +10,16 @@ import turbopairformer as tpf
 from conftest import requires_gpu
 from reference import OpenFold3PairFormerBlock
 
-SMALL = dict(c_s=16, c_z=16, c_hidden_pair_bias=8, no_heads_pair_bias=2, c_hidden_mul=16,
-             c_hidden_pair_att=8, no_heads_pair=2, transition_n=2)
+SMALL = dict(
+    c_s=16,
+    c_z=16,
+    c_hidden_pair_bias=8,
+    no_heads_pair_bias=2,
+    c_hidden_mul=16,
+    c_hidden_pair_att=8,
+    no_heads_pair=2,
+    transition_n=2,
+)
 
 
 def reference_stack(no_blocks, **kw):
@@ -30,7 +39,7 @@ def inputs(N, n_pad, dtype=torch.float64, device="cpu", seed=0, c_s=16, c_z=16):
     s = torch.randn(1, N, c_s, generator=g, dtype=torch.float64)
     z = torch.randn(1, N, N, c_z, generator=g, dtype=torch.float64)
     single_mask = torch.ones(1, N, dtype=torch.float64)
-    single_mask[:, N - n_pad:] = 0  # padded tokens at the end, as a cropped batch has them
+    single_mask[:, N - n_pad :] = 0  # padded tokens at the end, as a cropped batch has them
     pair_mask = single_mask[:, :, None] * single_mask[:, None, :]
     return [t.to(device, dtype) for t in (s, z, single_mask, pair_mask)]
 
@@ -39,7 +48,9 @@ def randomise(module, seed=1):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():  # non-trivial LayerNorm gains and biases too
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3 + (p.dim() == 1) * 1.0)
+            p.copy_(
+                torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3 + (p.dim() == 1) * 1.0
+            )
 
 
 def valid_loss(s, z, single_mask, pair_mask, gs, gz):
@@ -51,7 +62,9 @@ def test_state_dict_matches_openfold3_pairformer_stack():
     ours = tpf.PairformerStack(no_blocks=2, **SMALL)
     ref = reference_stack(2, **SMALL)
     assert set(ours.state_dict()) == set(ref.state_dict())
-    for (n, a), b in zip(sorted(ours.state_dict().items()), [ref.state_dict()[n] for n in sorted(ours.state_dict())]):
+    for (n, a), b in zip(
+        sorted(ours.state_dict().items()), [ref.state_dict()[n] for n in sorted(ours.state_dict())]
+    ):
         assert a.shape == b.shape, n
     ours.load_state_dict(ref.state_dict())  # strict
 
@@ -59,7 +72,9 @@ def test_state_dict_matches_openfold3_pairformer_stack():
 def test_default_sizes_are_openfold3s():
     block = tpf.PairformerBlock()
     ref = OpenFold3PairFormerBlock()
-    assert {n: p.shape for n, p in block.state_dict().items()} == {n: p.shape for n, p in ref.state_dict().items()}
+    assert {n: p.shape for n, p in block.state_dict().items()} == {
+        n: p.shape for n, p in ref.state_dict().items()
+    }
 
 
 @pytest.mark.parametrize("N, n_pad", [(1, 0), (7, 2), (100, 9), (256, 20)])
@@ -70,13 +85,24 @@ def test_block_matches_openfold3_on_cpu(N, n_pad):
     ours.load_state_dict(ref.state_dict())
     s, z, sm, pm = inputs(N, n_pad, seed=N)
     g = torch.Generator().manual_seed(5)
-    gs, gz = torch.randn(s.shape, generator=g, dtype=torch.float64), torch.randn(z.shape, generator=g, dtype=torch.float64)
+    gs, gz = (
+        torch.randn(s.shape, generator=g, dtype=torch.float64),
+        torch.randn(z.shape, generator=g, dtype=torch.float64),
+    )
     outs = []
     for model, fn in ((ref, lambda *a: run_reference(ref, *a)), (ours, ours)):
         ss, zz = s.clone().requires_grad_(True), z.clone().requires_grad_(True)
         so, zo = fn(ss, zz, sm, pm)
         valid_loss(so, zo, sm, pm, gs, gz).backward()
-        outs.append((so.detach(), zo.detach(), ss.grad, zz.grad, {n: p.grad for n, p in model.named_parameters()}))
+        outs.append(
+            (
+                so.detach(),
+                zo.detach(),
+                ss.grad,
+                zz.grad,
+                {n: p.grad for n, p in model.named_parameters()},
+            )
+        )
     (rs, rz, rgs, rgz, rgrad), (os_, oz, ogs, ogz, ograd) = outs
     v = sm.bool()[0]
     assert torch.allclose(os_[:, v], rs[:, v], atol=1e-9)
@@ -88,12 +114,13 @@ def test_block_matches_openfold3_on_cpu(N, n_pad):
 
 def test_pair_dropout_is_shared_along_rows_and_columns_as_openfold3():
     from turbopairformer.pairformer import _shared_dropout
+
     x = torch.ones(2, 6, 6, 4, dtype=torch.float64)
     rows = _shared_dropout(x, 0.5, True, -3)
-    assert torch.equal(rows, rows[:, :1].expand_as(rows))         # one mask for every row i
+    assert torch.equal(rows, rows[:, :1].expand_as(rows))  # one mask for every row i
     cols = _shared_dropout(x, 0.5, True, -2)
-    assert torch.equal(cols, cols[:, :, :1].expand_as(cols))      # one mask for every column j
-    assert torch.equal(_shared_dropout(x, 0.5, False, -3), x)     # eval: identity
+    assert torch.equal(cols, cols[:, :, :1].expand_as(cols))  # one mask for every column j
+    assert torch.equal(_shared_dropout(x, 0.5, False, -3), x)  # eval: identity
     assert set(rows.unique().tolist()) <= {0.0, 2.0}
 
 

@@ -1,5 +1,6 @@
 """turbopairformer.triangle_multiplicative_update and the TriangleMultiplicativeUpdate module:
 OpenFold3 names, equivalence with a plain-PyTorch OpenFold3-style module, errors, opcheck."""
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
@@ -8,9 +9,20 @@ import turbopairformer as tpf
 from conftest import requires_gpu, zero_fills_during
 from reference import OpenFold3TriangleMultiplicativeUpdate, assert_module_matches
 
-OPENFOLD3_KEYS = {f"{n}.{p}" for n in ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g",
-                                       "linear_g", "linear_z", "layer_norm_in", "layer_norm_out")
-                  for p in ("weight", "bias")}
+OPENFOLD3_KEYS = {
+    f"{n}.{p}"
+    for n in (
+        "linear_a_p",
+        "linear_a_g",
+        "linear_b_p",
+        "linear_b_g",
+        "linear_g",
+        "linear_z",
+        "layer_norm_in",
+        "layer_norm_out",
+    )
+    for p in ("weight", "bias")
+}
 
 
 def inputs(B=2, N=6, C=5, seed=0):
@@ -30,16 +42,24 @@ def test_state_dict_keys_match_openfold3():
 def test_without_biases_matches_openfold3_af3_module(outgoing):
     torch.manual_seed(4)
     z, mask = inputs()
-    assert_module_matches(OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing, bias=False).double(),
-                          tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing, bias=False).double(), z, mask)
+    assert_module_matches(
+        OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing, bias=False).double(),
+        tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing, bias=False).double(),
+        z,
+        mask,
+    )
 
 
 @pytest.mark.parametrize("outgoing", [True, False])
 def test_matches_openfold3_module_on_cpu(outgoing):
     torch.manual_seed(3)
     z, mask = inputs()
-    assert_module_matches(OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double(),
-                          tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double(), z, mask)
+    assert_module_matches(
+        OpenFold3TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double(),
+        tpf.TriangleMultiplicativeUpdate(5, 3, outgoing=outgoing).double(),
+        z,
+        mask,
+    )
 
 
 def test_backward_fills_no_gradient_for_the_saved_set():
@@ -57,34 +77,48 @@ def test_unbatched_input_and_absent_biases():
     z, mask = inputs(B=1)
     C, Ch = 5, 3
     g = torch.Generator().manual_seed(1)
-    w = dict(norm_in_weight=torch.ones(C, dtype=torch.float64), norm_in_bias=torch.zeros(C, dtype=torch.float64),
-             p_in_weight=torch.randn(2 * Ch, C, generator=g, dtype=torch.float64),
-             g_in_weight=torch.randn(2 * Ch, C, generator=g, dtype=torch.float64),
-             norm_out_weight=torch.ones(Ch, dtype=torch.float64), norm_out_bias=torch.zeros(Ch, dtype=torch.float64),
-             p_out_weight=torch.randn(C, Ch, generator=g, dtype=torch.float64),
-             g_out_weight=torch.randn(C, C, generator=g, dtype=torch.float64))
+    w = dict(
+        norm_in_weight=torch.ones(C, dtype=torch.float64),
+        norm_in_bias=torch.zeros(C, dtype=torch.float64),
+        p_in_weight=torch.randn(2 * Ch, C, generator=g, dtype=torch.float64),
+        g_in_weight=torch.randn(2 * Ch, C, generator=g, dtype=torch.float64),
+        norm_out_weight=torch.ones(Ch, dtype=torch.float64),
+        norm_out_bias=torch.zeros(Ch, dtype=torch.float64),
+        p_out_weight=torch.randn(C, Ch, generator=g, dtype=torch.float64),
+        g_out_weight=torch.randn(C, C, generator=g, dtype=torch.float64),
+    )
     batched = tpf.triangle_multiplicative_update(z, "incoming", mask, **w)
     single = tpf.triangle_multiplicative_update(z[0], "incoming", mask[0], **w)
-    zero_bias = tpf.triangle_multiplicative_update(z, "incoming", mask, p_in_bias=torch.zeros(2 * Ch, dtype=torch.float64), **w)
+    zero_bias = tpf.triangle_multiplicative_update(
+        z, "incoming", mask, p_in_bias=torch.zeros(2 * Ch, dtype=torch.float64), **w
+    )
     assert torch.equal(batched[0], single)
     assert torch.equal(batched, zero_bias)
 
 
-@pytest.mark.parametrize("case, exc, word", [
-    ("direction", ValueError, "'direction'"),
-    ("missing_p_in", ValueError, "'p_in_weight'"),
-    ("odd_p_in", ValueError, "'p_in_weight'"),
-    ("int_input", TypeError, "'z'"),
-    ("not_square", ValueError, "'z'"),
-])
+@pytest.mark.parametrize(
+    "case, exc, word",
+    [
+        ("direction", ValueError, "'direction'"),
+        ("missing_p_in", ValueError, "'p_in_weight'"),
+        ("odd_p_in", ValueError, "'p_in_weight'"),
+        ("int_input", TypeError, "'z'"),
+        ("not_square", ValueError, "'z'"),
+    ],
+)
 def test_bad_input_names_the_argument(case, exc, word):
     m = tpf.TriangleMultiplicativeUpdate(5, 3).double()
     z, mask = inputs()
-    w = dict(norm_in_weight=m.layer_norm_in.weight, norm_in_bias=m.layer_norm_in.bias,
-             p_in_weight=torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]),
-             g_in_weight=torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]),
-             norm_out_weight=m.layer_norm_out.weight, norm_out_bias=m.layer_norm_out.bias,
-             p_out_weight=m.linear_z.weight, g_out_weight=m.linear_g.weight)
+    w = dict(
+        norm_in_weight=m.layer_norm_in.weight,
+        norm_in_bias=m.layer_norm_in.bias,
+        p_in_weight=torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]),
+        g_in_weight=torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]),
+        norm_out_weight=m.layer_norm_out.weight,
+        norm_out_bias=m.layer_norm_out.bias,
+        p_out_weight=m.linear_z.weight,
+        g_out_weight=m.linear_g.weight,
+    )
     direction = "outgoing"
     if case == "direction":
         direction = "sideways"
@@ -104,13 +138,24 @@ def test_bad_input_names_the_argument(case, exc, word):
 def test_opcheck_cpu():
     m = tpf.TriangleMultiplicativeUpdate(4, 3).double()
     z, mask = inputs(B=1, N=4, C=4)
-    weights = [m.layer_norm_in.weight, m.layer_norm_in.bias,
-               torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True), None,
-               torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True), None,
-               m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
-               m.linear_g.weight, None]
-    torch.library.opcheck(torch.ops.turbopairformer.trimul_fwd.default,
-                          (z.requires_grad_(True), mask, *weights, 0, 1e-5, True))
+    weights = [
+        m.layer_norm_in.weight,
+        m.layer_norm_in.bias,
+        torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True),
+        None,
+        torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True),
+        None,
+        m.layer_norm_out.weight,
+        m.layer_norm_out.bias,
+        m.linear_z.weight,
+        m.linear_z.bias,
+        m.linear_g.weight,
+        None,
+    ]
+    torch.library.opcheck(
+        torch.ops.turbopairformer.trimul_fwd.default,
+        (z.requires_grad_(True), mask, *weights, 0, 1e-5, True),
+    )
 
 
 def _rel(a, b):
@@ -178,11 +223,20 @@ def test_cuda_saved_and_recomputing_backward_agree_and_repeat():
     assert torch.equal(y, y_inf)
     # the op without a saved set: its backward recomputes the forward (bf16 operands)
     cat = lambda a, b: torch.cat([a, b]).detach()  # noqa: E731
-    weights = [m.layer_norm_in.weight, m.layer_norm_in.bias,
-               cat(m.linear_a_p.weight, m.linear_b_p.weight), cat(m.linear_a_p.bias, m.linear_b_p.bias),
-               cat(m.linear_a_g.weight, m.linear_b_g.weight), cat(m.linear_a_g.bias, m.linear_b_g.bias),
-               m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
-               m.linear_g.weight, m.linear_g.bias]
+    weights = [
+        m.layer_norm_in.weight,
+        m.layer_norm_in.bias,
+        cat(m.linear_a_p.weight, m.linear_b_p.weight),
+        cat(m.linear_a_p.bias, m.linear_b_p.bias),
+        cat(m.linear_a_g.weight, m.linear_b_g.weight),
+        cat(m.linear_a_g.bias, m.linear_b_g.bias),
+        m.layer_norm_out.weight,
+        m.layer_norm_out.bias,
+        m.linear_z.weight,
+        m.linear_z.bias,
+        m.linear_g.weight,
+        m.linear_g.bias,
+    ]
     zr = z.detach().clone().requires_grad_(True)
     yr, saved = torch.ops.turbopairformer.trimul_fwd(zr, mask, *weights, 0, 1e-5, False)
     assert saved.numel() == 0
@@ -196,12 +250,23 @@ def test_cuda_saved_and_recomputing_backward_agree_and_repeat():
 def test_opcheck_cuda(save):
     m = tpf.TriangleMultiplicativeUpdate(32, 32).cuda().bfloat16()
     z = torch.randn(1, 9, 9, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    weights = [m.layer_norm_in.weight, m.layer_norm_in.bias,
-               torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True), None,
-               torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True), None,
-               m.layer_norm_out.weight, m.layer_norm_out.bias, m.linear_z.weight, m.linear_z.bias,
-               m.linear_g.weight, None]
-    torch.library.opcheck(torch.ops.turbopairformer.trimul_fwd.default, (z, None, *weights, 1, 1e-5, save))
+    weights = [
+        m.layer_norm_in.weight,
+        m.layer_norm_in.bias,
+        torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True),
+        None,
+        torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True),
+        None,
+        m.layer_norm_out.weight,
+        m.layer_norm_out.bias,
+        m.linear_z.weight,
+        m.linear_z.bias,
+        m.linear_g.weight,
+        None,
+    ]
+    torch.library.opcheck(
+        torch.ops.turbopairformer.trimul_fwd.default, (z, None, *weights, 1, 1e-5, save)
+    )
 
 
 @requires_gpu
