@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Here (no GPU needed): a `tpf` binary with some kernel sources recompiled under experiment
-# knobs, for A/B rounds on the GPU machine (scripts/device.sh ab). Uses build/'s compile
+# knobs (phase timers: rather `cmake -DTPF_BUILD_DEV=ON` and its tpf_phases target), for A/B rounds on the GPU machine (scripts/device.sh ab). Uses build/'s compile
 # commands and objects, so run `cmake --build build` first.
 # Usage: dev/scripts/build_variant.sh NAME "SOURCES" "-DKNOB=V ..."   (SOURCES e.g. "forward backward")
 # Output: .devbin_NAME/tpf (stripped), with src/attention/SOURCE.cu compiled with the knobs.

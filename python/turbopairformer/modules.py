@@ -75,6 +75,12 @@ class TriangleAttention(nn.Module):
         self.mha = _GatedAttentionProjections(c_in, c_hidden, no_heads, bias)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.attend(x, mask, self.starting)
+
+    def attend(self, x, mask, starting: bool, gather_rows=None) -> torch.Tensor:
+        """The layer around one node: forward() with starting=self.starting. gather_rows, for a
+        row shard of the pair tensor (turbopairformer.distributed), turns this shard's rows of
+        the bias projection into all N rows; it is only valid with starting=True."""
         lead = x.shape[:-3]
         x = self.layer_norm(x.reshape(-1, *x.shape[-3:]))  # [B, I, J, C]
         B, I, J, _ = x.shape
@@ -84,9 +90,7 @@ class TriangleAttention(nn.Module):
         # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
         # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views of proj.
         order, back = (
-            ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4))
-            if self.starting
-            else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
+            ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if starting else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
         )
         q, k, v, g = (
             proj[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4)
@@ -95,12 +99,14 @@ class TriangleAttention(nn.Module):
         # bias[b, h, q, k] = z[q, k, h] (starting) or z[k, q, h] (ending): [B, 1, H, N, N],
         # contiguous so that the kernel streams it with vector loads (H N^2 values)
         zb = proj[..., 4 * H * c : 4 * H * c + H]
-        bias = zb.permute(0, 3, 1, 2) if self.starting else zb.permute(0, 3, 2, 1)
+        if gather_rows is not None:
+            zb = gather_rows(zb)  # [B, N, J, H]: every row of the bias
+        bias = zb.permute(0, 3, 1, 2) if starting else zb.permute(0, 3, 2, 1)
         bias = bias.unsqueeze(1).contiguous()
         attn_mask = None
         if mask is not None:
             mask = mask.reshape(B, I, J).to(torch.bool)
-            attn_mask = (mask if self.starting else mask.transpose(-1, -2))[:, :, None, None, :]
+            attn_mask = (mask if starting else mask.transpose(-1, -2))[:, :, None, None, :]
         o = triangle_attention(
             q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c), compensate=self.compensate
         )  # [B, S, H, N, c]

@@ -22,7 +22,7 @@
 #include <cstdlib>
 
 #include "common/kernel_attrs.h"
-#include "common/phase_timer.cuh"
+#include "dev/phase_timer.cuh"
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"

@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "common/kernel_attrs.h"
-#include "common/phase_timer.cuh"
+#include "dev/phase_timer.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"
