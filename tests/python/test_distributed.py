@@ -64,3 +64,43 @@ def test_sharded_gradients_are_bitwise_repeatable(tmp_path):
     assert torch.equal(a["dz"], b["dz"])
     for n in a["grads"]:
         assert torch.equal(a["grads"][n], b["grads"][n]), n
+
+
+def run_example(tmp_path, name, *args):
+    out = tmp_path / f"{name}.pt"
+    subprocess.run(
+        [
+            sys.executable,
+            str(HERE.parent.parent / "examples" / "train_ddp.py"),
+            "--device",
+            "cpu",
+            "--small",
+            "--n",
+            "12",
+            "--blocks",
+            "2",
+            "--steps",
+            "2",
+            "--port",
+            str(free_port()),
+            "--out",
+            str(out),
+            *args,
+        ],
+        check=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
+    return torch.load(out)
+
+
+def test_ddp_training_is_bitwise_repeatable_and_matches_gradient_accumulation(tmp_path):
+    a = run_example(tmp_path, "ddp_a", "--nprocs", "2")
+    b = run_example(tmp_path, "ddp_b", "--nprocs", "2")
+    for n in a["params"]:
+        assert torch.equal(a["params"][n], b["params"][n]), n
+    one = run_example(tmp_path, "accumulated", "--nprocs", "1", "--accumulate", "2")
+    # the same samples and steps; only the order of the gradient sums differs (fp64 here)
+    assert all(abs(x - y) <= 1e-12 * max(1.0, abs(y)) for x, y in zip(a["losses"], one["losses"]))
+    for n in a["params"]:
+        assert torch.allclose(a["params"][n], one["params"][n], atol=1e-10), n
