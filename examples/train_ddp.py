@@ -63,7 +63,7 @@ def train(rank: int, world: int, args) -> None:
     if not cpu:
         torch.cuda.set_device(device)
     dtype = torch.float64 if cpu else torch.float32
-    config = SMALL if args.small else dict(pair_dropout=0.0)
+    config = SMALL if args.small else dict(c_s=384, c_z=128, pair_dropout=0.0)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = tpf.PairformerStack(no_blocks=args.blocks, blocks_per_ckpt=1, **config).to(
         device, dtype

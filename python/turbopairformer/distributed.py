@@ -48,8 +48,14 @@ def _exchange(parts: list[torch.Tensor], shapes: list[tuple], group) -> list[tor
             widths += [0, want - have]
         return F.pad(t, widths).contiguous()
 
-    out = [parts[0].new_empty(common) for _ in shapes]
-    dist.all_to_all(out, [pad(p) for p in parts], group=group)
+    if dist.get_backend(group) == "nccl":
+        out = [parts[0].new_empty(common) for _ in shapes]
+        dist.all_to_all(out, [pad(p) for p in parts], group=group)
+    else:  # gloo has no all_to_all before PyTorch 2.12: every rank's pieces, this rank's kept
+        stacked = torch.stack([pad(p) for p in parts])
+        every = [torch.empty_like(stacked) for _ in shapes]
+        dist.all_gather(every, stacked, group=group)
+        out = [e[dist.get_rank(group)] for e in every]
     return [o[tuple(slice(0, k) for k in s)] for o, s in zip(out, shapes)]
 
 
