@@ -135,10 +135,9 @@ def test_bad_input_names_the_argument(case, exc, word):
         tpf.triangle_multiplicative_update(z, direction, mask, **w)
 
 
-def test_opcheck_cpu():
-    m = tpf.TriangleMultiplicativeUpdate(4, 3).double()
-    z, mask = inputs(B=1, N=4, C=4)
-    weights = [
+def packed_weights(m):
+    """The op's twelve weights from a module, in the library's order (some biases absent)."""
+    return [
         m.layer_norm_in.weight,
         m.layer_norm_in.bias,
         torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True),
@@ -152,6 +151,12 @@ def test_opcheck_cpu():
         m.linear_g.weight,
         None,
     ]
+
+
+def test_opcheck_cpu():
+    m = tpf.TriangleMultiplicativeUpdate(4, 3).double()
+    z, mask = inputs(B=1, N=4, C=4)
+    weights = packed_weights(m)
     torch.library.opcheck(
         torch.ops.turbopairformer.trimul_fwd.default,
         (z.requires_grad_(True), mask, *weights, 0, 1e-5, True),
@@ -250,20 +255,7 @@ def test_cuda_saved_and_recomputing_backward_agree_and_repeat():
 def test_opcheck_cuda(save):
     m = tpf.TriangleMultiplicativeUpdate(32, 32).cuda().bfloat16()
     z = torch.randn(1, 9, 9, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    weights = [
-        m.layer_norm_in.weight,
-        m.layer_norm_in.bias,
-        torch.cat([m.linear_a_p.weight, m.linear_b_p.weight]).detach().requires_grad_(True),
-        None,
-        torch.cat([m.linear_a_g.weight, m.linear_b_g.weight]).detach().requires_grad_(True),
-        None,
-        m.layer_norm_out.weight,
-        m.layer_norm_out.bias,
-        m.linear_z.weight,
-        m.linear_z.bias,
-        m.linear_g.weight,
-        None,
-    ]
+    weights = packed_weights(m)
     torch.library.opcheck(
         torch.ops.turbopairformer.trimul_fwd.default, (z, None, *weights, 1, 1e-5, save)
     )
