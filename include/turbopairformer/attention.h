@@ -30,7 +30,8 @@ struct AttentionForwardParams {
   TensorView out_residual; // [B,S,H,N,D] q's dtype, written = round(O32 - float(out));
                            //   required when compensate, ignored otherwise
   TensorView lse;          // [B,S,H,N] fp32, written (required on GPU, optional for the
-                           //   reference); a fully masked row stores +inf so its P is 0
+                           //   reference); a fully masked row stores +inf so its P is 0,
+                           //   a row that met a NaN stores NaN so its gradients are NaN
   std::optional<double> scale;  // default 1/sqrt(D)
   bool compensate = true;
 };

@@ -26,9 +26,10 @@ typedef struct tpf_tensor {
   int64_t stride[6]; /* in elements */
 } tpf_tensor;
 
-/* The tensors of the attention structs, in their order: forward ones, then the backward's. */
-#define TPF_ATTENTION_TENSORS(X) \
-  X(q) X(k) X(v) X(bias) X(mask) X(out) X(out_residual) X(lse) X(dout) X(dq) X(dk) X(dv) X(dbias)
+/* The tensors of the attention structs, in their order: the forward's, then the backward's own. */
+#define TPF_ATTENTION_FWD_TENSORS(X) X(q) X(k) X(v) X(bias) X(mask) X(out) X(out_residual) X(lse)
+#define TPF_ATTENTION_BWD_TENSORS(X) X(dout) X(dq) X(dk) X(dv) X(dbias)
+#define TPF_ATTENTION_TENSORS(X) TPF_ATTENTION_FWD_TENSORS(X) TPF_ATTENTION_BWD_TENSORS(X)
 /* The weights of the multiplicative update, in tpf::TrimulWeights order. */
 #define TPF_TRIMUL_WEIGHT_NAMES(X)                                                               \
   X(norm_in_weight) X(norm_in_bias) X(p_in_weight) X(p_in_bias) X(g_in_weight) X(g_in_bias)     \

@@ -33,36 +33,25 @@ int report(const tpf::Status& s, char* err, size_t err_len) {
 
 std::optional<double> scale_of(double s) { return std::isnan(s) ? std::nullopt : std::optional<double>(s); }
 
-// The fields the forward and backward parameter structs share.
-template <class P>
-P common_params(const tpf_attention_args& a) {
-  P p;
-  p.q = view(a.q);
-  p.k = view(a.k);
-  p.v = view(a.v);
-  p.bias = view(a.bias);
-  p.mask = view(a.mask);
-  p.out = view(a.out);
-  p.out_residual = view(a.out_residual);
-  p.lse = view(a.lse);
+#define TPF_VIEW_(name) p.name = view(a.name);
+
+tpf::AttentionForwardParams forward_params(const tpf_attention_args& a) {
+  tpf::AttentionForwardParams p;
+  TPF_ATTENTION_FWD_TENSORS(TPF_VIEW_)
   p.scale = scale_of(a.scale);
   p.compensate = a.compensate != 0;
   return p;
 }
 
-tpf::AttentionForwardParams forward_params(const tpf_attention_args& a) {
-  return common_params<tpf::AttentionForwardParams>(a);
-}
-
 tpf::AttentionBackwardParams backward_params(const tpf_attention_args& a) {
-  auto p = common_params<tpf::AttentionBackwardParams>(a);
-  p.dout = view(a.dout);
-  p.dq = view(a.dq);
-  p.dk = view(a.dk);
-  p.dv = view(a.dv);
-  p.dbias = view(a.dbias);
+  tpf::AttentionBackwardParams p;
+  TPF_ATTENTION_FWD_TENSORS(TPF_VIEW_)
+  TPF_ATTENTION_BWD_TENSORS(TPF_VIEW_)
+  p.scale = scale_of(a.scale);
+  p.compensate = a.compensate != 0;
   return p;
 }
+#undef TPF_VIEW_
 
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
