@@ -7,11 +7,13 @@ optimizer step (forward, backward, AdamW), for each backend, eager and under tor
 OpenFold3's training configuration: c_s = 384, c_z = 128, multiplicative-update hidden 128,
 triangle attention 4 heads x 32, AttentionPairBias 16 heads x 24, SwiGLU transitions n = 4,
 pair dropout 0.25 (training mode), B = 1, 5% padded tokens, bf16 autocast with fp32 weights, one
-block per activation checkpoint in the stack. Backends: ours (turbopairformer.PairformerBlock)
-and OpenFold3's block in plain PyTorch (turbopairformer.reference), both loading the same
-weights. Measures: median CUDA-event time, peak extra memory, the relative error over valid
-pairs against an fp32 run of the plain-PyTorch block (same weights, no autocast), and whether
-two backward passes give bitwise-identical parameter gradients (dropout off for that check).
+block per activation checkpoint in the stack. Backends: ours (turbopairformer.PairformerBlock),
+OpenFold3's block in plain PyTorch (turbopairformer.reference) and, when importable, that block
+wired to cuEquivariance's kernels as OpenFold3 wires them (fp32 weights), and with bf16 weights
+(its Hopper multiplicative-update kernels); all load the same weights. Measures: median
+CUDA-event time, peak extra memory, the relative error over valid pairs against an fp32 run of
+the plain-PyTorch block (same weights, no autocast), and whether two backward passes give
+bitwise-identical parameter gradients (dropout off for that check).
 """
 
 from __future__ import annotations
@@ -28,14 +30,40 @@ PAD = 0.05
 
 
 def _backends():
-    """name -> (block class, stack class); both take OpenFold3's configuration by default."""
+    """name -> (block factory, stack factory), or the reason the backend is unavailable. Every
+    factory takes OpenFold3's configuration by default; weights are loaded afterwards."""
     from .pairformer import PairformerBlock, PairformerStack
-    from .reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack
+    from .reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack, wire_cuequivariance
 
-    return {
+    b = {
         "turbopairformer": (PairformerBlock, PairformerStack),
         "pytorch": (OpenFold3PairFormerBlock, OpenFold3PairFormerStack),
     }
+    try:
+        import cuequivariance_torch  # noqa: F401
+
+        def cueq(cls, bf16):
+            def make(**kw):
+                m = wire_cuequivariance(cls(**kw))
+                return m.bfloat16() if bf16 else m
+
+            return make
+
+        # as OpenFold3 wires it (fp32 weights), and with bf16 weights, which its shape-specific
+        # Hopper multiplicative-update kernels need
+        b["cuequivariance"] = (
+            cueq(OpenFold3PairFormerBlock, False),
+            cueq(OpenFold3PairFormerStack, False),
+        )
+        b["cuequivariance_bf16w"] = (
+            cueq(OpenFold3PairFormerBlock, True),
+            cueq(OpenFold3PairFormerStack, True),
+        )
+    except ImportError:
+        b["cuequivariance"] = (
+            "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+        )
+    return b
 
 
 def _inputs(N, seed=0, c_s=384, c_z=128):
@@ -144,14 +172,27 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str):
 
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
-    cases = [(b, m, N) for N in Ns for m in modes for b in _backends()]
-    rows = []
+    backends = _backends()
+    rows = [
+        {"backend": b, "mode": "-", "N": "-", "status": why}
+        for b, why in backends.items()
+        if isinstance(why, str)
+    ]
+    cases = [
+        (b, m, N) for N in Ns for m in modes for b, f in backends.items() if not isinstance(f, str)
+    ]
     for i, (b, m, N) in enumerate(cases):
         print(f"[{i + 1}/{len(cases)}] {b} {m} N={N}", file=sys.stderr, flush=True)
         try:
             rows.append(measure(b, m, N, weights))
         except torch.cuda.OutOfMemoryError:
             rows.append({"backend": b, "mode": m, "N": N, "status": "out of memory"})
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - one failing backend never stops the run
+            msg = str(e).splitlines()[0][:120] if str(e) else ""
+            rows.append(
+                {"backend": b, "mode": m, "N": N, "status": f"failed: {type(e).__name__}: {msg}"}
+            )
             torch.cuda.empty_cache()
         write(rows, out_dir, gpu, command)  # partial results survive a kill
     return rows

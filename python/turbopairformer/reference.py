@@ -37,10 +37,24 @@ class OpenFold3TriangleAttention(torch.nn.Module):
         def heads(t):
             return t.view(*t.shape[:-1], self.no_heads, self.c_hidden).transpose(-2, -3)
 
-        q = heads(self.mha.linear_q(x)) / math.sqrt(self.c_hidden)
-        k, v = heads(self.mha.linear_k(x)), heads(self.mha.linear_v(x))
-        a = torch.softmax(q @ k.transpose(-1, -2) + mask_bias + tri_bias, dim=-1)
-        o = (a @ v).transpose(-2, -3)
+        q, k, v = (
+            heads(lin(x)) for lin in (self.mha.linear_q, self.mha.linear_k, self.mha.linear_v)
+        )
+        if getattr(self, "kernels", None) == "cuequivariance":  # as OpenFold3 calls it
+            import cuequivariance_torch as cueq
+
+            o = cueq.triangle_attention(
+                q,
+                k,
+                v,
+                tri_bias,
+                mask=mask.bool()[..., :, None, None, :],
+                scale=1.0 / math.sqrt(self.c_hidden),
+            ).transpose(-2, -3)
+        else:
+            q = q / math.sqrt(self.c_hidden)
+            a = torch.softmax(q @ k.transpose(-1, -2) + mask_bias + tri_bias, dim=-1)
+            o = (a @ v).transpose(-2, -3)
         o = o * torch.sigmoid(self.mha.linear_g(x)).view(o.shape)
         o = self.mha.linear_o(o.reshape(*o.shape[:-2], -1))
         return o.transpose(-2, -3) if not self.starting else o
@@ -62,6 +76,8 @@ class OpenFold3TriangleMultiplicativeUpdate(torch.nn.Module):
     def forward(self, z, mask=None):
         if mask is None:
             mask = z.new_ones(z.shape[:-1])
+        if getattr(self, "kernels", None) == "cuequivariance":
+            return self._cuequivariance(z, mask)
         mask = mask.unsqueeze(-1)
         z = self.layer_norm_in(z)
         a = mask * torch.sigmoid(self.linear_a_g(z)) * self.linear_a_p(z)
@@ -72,6 +88,29 @@ class OpenFold3TriangleMultiplicativeUpdate(torch.nn.Module):
             x = torch.einsum("...kic,...kjc->...ijc", a, b)
         x = self.linear_z(self.layer_norm_out(x))
         return x * torch.sigmoid(self.linear_g(z))
+
+    def _cuequivariance(self, z, mask):
+        """cuEquivariance's fused op with this module's weights, as OpenFold3 wires it."""
+        import cuequivariance_torch as cueq
+
+        cat = lambda a, b: None if a is None else torch.cat([a, b])  # noqa: E731
+        return cueq.triangle_multiplicative_update(
+            z,
+            "outgoing" if self.outgoing else "incoming",
+            mask,
+            norm_in_weight=self.layer_norm_in.weight,
+            norm_in_bias=self.layer_norm_in.bias,
+            p_in_weight=cat(self.linear_a_p.weight, self.linear_b_p.weight),
+            p_in_bias=cat(self.linear_a_p.bias, self.linear_b_p.bias),
+            g_in_weight=cat(self.linear_a_g.weight, self.linear_b_g.weight),
+            g_in_bias=cat(self.linear_a_g.bias, self.linear_b_g.bias),
+            norm_out_weight=self.layer_norm_out.weight,
+            norm_out_bias=self.layer_norm_out.bias,
+            p_out_weight=self.linear_z.weight,
+            p_out_bias=self.linear_z.bias,
+            g_out_weight=self.linear_g.weight,
+            g_out_bias=self.linear_g.bias,
+        )
 
 
 class OpenFold3SwiGLUTransition(torch.nn.Module):
@@ -206,3 +245,12 @@ class OpenFold3PairFormerStack(torch.nn.Module):
             else:
                 s, z = block(s, z, single_mask, pair_mask)
         return s, z
+
+
+def wire_cuequivariance(module: torch.nn.Module) -> torch.nn.Module:
+    """Routes every triangle attention and multiplicative update of an OpenFold3 reference module
+    to cuEquivariance's kernels (OpenFold3's `use_cueq_triangle_kernels`); returns the module."""
+    for m in module.modules():
+        if isinstance(m, (OpenFold3TriangleAttention, OpenFold3TriangleMultiplicativeUpdate)):
+            m.kernels = "cuequivariance"
+    return module
