@@ -128,13 +128,21 @@ class TriangleMultiplicativeUpdate(nn.Module):
     """AF3 Algorithms 12 (outgoing) and 13 (incoming) on a pair tensor z: [*, N, N, c_z], with
     OpenFold3's parameter names (linear_a_p, linear_a_g, linear_b_p, linear_b_g, linear_g,
     linear_z, layer_norm_in, layer_norm_out), so its checkpoints load unchanged.
-    mask: [*, N, N], applied to the projections a and b."""
+    mask: [*, N, N], applied to the projections a and b. low_memory: keep no saved set for the
+    backward, which then recomputes the forward (see triangle_multiplicative_update)."""
 
     def __init__(
-        self, c_z: int, c_hidden: int, outgoing: bool = True, eps: float = 1e-5, bias: bool = True
+        self,
+        c_z: int,
+        c_hidden: int,
+        outgoing: bool = True,
+        eps: float = 1e-5,
+        bias: bool = True,
+        low_memory: bool = False,
     ):
         super().__init__()
         self.c_z, self.c_hidden, self.outgoing, self.eps = c_z, c_hidden, outgoing, eps
+        self.low_memory = low_memory
         self.linear_a_p = nn.Linear(c_z, c_hidden, bias=bias)
         self.linear_a_g = nn.Linear(c_z, c_hidden, bias=bias)
         self.linear_b_p = nn.Linear(c_z, c_hidden, bias=bias)
@@ -169,10 +177,18 @@ class TriangleMultiplicativeUpdate(nn.Module):
             g_out_weight=self.linear_g.weight,
             g_out_bias=self.linear_g.bias,
             eps=self.eps,
+            low_memory=self.low_memory,
         )
         return out.reshape(*lead, *out.shape[-3:])
 
 
 class TriangleMultiplicativeUpdateIncoming(TriangleMultiplicativeUpdate):
-    def __init__(self, c_z: int, c_hidden: int, eps: float = 1e-5, bias: bool = True):
-        super().__init__(c_z, c_hidden, outgoing=False, eps=eps, bias=bias)
+    def __init__(
+        self,
+        c_z: int,
+        c_hidden: int,
+        eps: float = 1e-5,
+        bias: bool = True,
+        low_memory: bool = False,
+    ):
+        super().__init__(c_z, c_hidden, outgoing=False, eps=eps, bias=bias, low_memory=low_memory)

@@ -163,6 +163,8 @@ def triangle_multiplicative_update(
     direction: str = "outgoing",
     mask: Optional[torch.Tensor] = None,
     eps: float = 1e-5,
+    *,
+    low_memory: bool = False,
     **weights: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """Triangle multiplicative update (docs/DESIGN.md section 2), cuEquivariance's arguments and
@@ -173,7 +175,9 @@ def triangle_multiplicative_update(
 
     When autograd will differentiate the call, the CUDA forward also keeps the intermediates its
     backward needs (~2.3 KB per pair at C = Ch = 128) so that the backward does not recompute
-    the forward; under torch.no_grad() (or with nothing requiring grad) it keeps nothing."""
+    the forward; under torch.no_grad() (or with nothing requiring grad) it keeps nothing.
+    low_memory=True keeps nothing in training too: the backward then recomputes the forward
+    (slower, and its triangle product takes bf16 operands), for crops where memory binds."""
     if direction not in _DIRECTIONS:
         raise ValueError(
             f"turbopairformer: argument 'direction': expected 'outgoing' or "
@@ -193,6 +197,7 @@ def triangle_multiplicative_update(
     if x.dim() == 4 and x.numel() == 0:
         out = _plain_trimul(x, direction, mask, w, eps)
     else:
-        save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x] + w)
+        grad = any(t is not None and t.requires_grad for t in [x] + w)
+        save = torch.is_grad_enabled() and grad and not low_memory
         out, _ = _trimul_fwd(x, mask, *w, _DIRECTIONS[direction], float(eps), save)
     return out.squeeze(0) if unbatched else out
