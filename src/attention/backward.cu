@@ -22,9 +22,9 @@
 #include <cstdlib>
 
 #include "common/kernel_attrs.h"
-#include "dev/phase_timer.cuh"
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
+#include "dev/phase_timer.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"

@@ -7,9 +7,9 @@
 #include <type_traits>
 
 #include "common/kernel_attrs.h"
-#include "dev/phase_timer.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
+#include "dev/phase_timer.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tma_maps.h"
