@@ -124,6 +124,29 @@ class TriangleAttentionEndingNode(TriangleAttention):
         super().__init__(c_in, c_hidden, no_heads, starting=False, compensate=compensate, bias=bias)
 
 
+def packed_weights(m) -> dict:
+    """The op's weights (cuEquivariance's packing) from a module with OpenFold3's names:
+    p_in = [a_p; b_p], g_in = [a_g; b_g], p_out = linear_z, g_out = linear_g."""
+
+    def cat(a, b):
+        return None if a is None else torch.cat([a, b])
+
+    return dict(
+        norm_in_weight=m.layer_norm_in.weight,
+        norm_in_bias=m.layer_norm_in.bias,
+        p_in_weight=cat(m.linear_a_p.weight, m.linear_b_p.weight),
+        p_in_bias=cat(m.linear_a_p.bias, m.linear_b_p.bias),
+        g_in_weight=cat(m.linear_a_g.weight, m.linear_b_g.weight),
+        g_in_bias=cat(m.linear_a_g.bias, m.linear_b_g.bias),
+        norm_out_weight=m.layer_norm_out.weight,
+        norm_out_bias=m.layer_norm_out.bias,
+        p_out_weight=m.linear_z.weight,
+        p_out_bias=m.linear_z.bias,
+        g_out_weight=m.linear_g.weight,
+        g_out_bias=m.linear_g.bias,
+    )
+
+
 class TriangleMultiplicativeUpdate(nn.Module):
     """AF3 Algorithms 12 (outgoing) and 13 (incoming) on a pair tensor z: [*, N, N, c_z], with
     OpenFold3's parameter names (linear_a_p, linear_a_g, linear_b_p, linear_b_g, linear_g,
@@ -159,25 +182,9 @@ class TriangleMultiplicativeUpdate(nn.Module):
             z = z.to(torch.bfloat16)  # the CUDA kernels take bf16 pair tensors
         if mask is not None:
             mask = mask.reshape(-1, *mask.shape[-2:])
-        cat = lambda a, b: torch.cat([a, b]) if a is not None else None  # noqa: E731
+        direction = "outgoing" if self.outgoing else "incoming"
         out = triangle_multiplicative_update(
-            z,
-            "outgoing" if self.outgoing else "incoming",
-            mask,
-            norm_in_weight=self.layer_norm_in.weight,
-            norm_in_bias=self.layer_norm_in.bias,
-            p_in_weight=cat(self.linear_a_p.weight, self.linear_b_p.weight),
-            p_in_bias=cat(self.linear_a_p.bias, self.linear_b_p.bias),
-            g_in_weight=cat(self.linear_a_g.weight, self.linear_b_g.weight),
-            g_in_bias=cat(self.linear_a_g.bias, self.linear_b_g.bias),
-            norm_out_weight=self.layer_norm_out.weight,
-            norm_out_bias=self.layer_norm_out.bias,
-            p_out_weight=self.linear_z.weight,
-            p_out_bias=self.linear_z.bias,
-            g_out_weight=self.linear_g.weight,
-            g_out_bias=self.linear_g.bias,
-            eps=self.eps,
-            low_memory=self.low_memory,
+            z, direction, mask, eps=self.eps, low_memory=self.low_memory, **packed_weights(self)
         )
         return out.reshape(*lead, *out.shape[-3:])
 

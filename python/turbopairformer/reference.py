@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from .modules import packed_weights
 from .pairformer import _shared_dropout
 
 
@@ -93,24 +94,8 @@ class OpenFold3TriangleMultiplicativeUpdate(torch.nn.Module):
         """cuEquivariance's fused op with this module's weights, as OpenFold3 wires it."""
         import cuequivariance_torch as cueq
 
-        cat = lambda a, b: None if a is None else torch.cat([a, b])  # noqa: E731
-        return cueq.triangle_multiplicative_update(
-            z,
-            "outgoing" if self.outgoing else "incoming",
-            mask,
-            norm_in_weight=self.layer_norm_in.weight,
-            norm_in_bias=self.layer_norm_in.bias,
-            p_in_weight=cat(self.linear_a_p.weight, self.linear_b_p.weight),
-            p_in_bias=cat(self.linear_a_p.bias, self.linear_b_p.bias),
-            g_in_weight=cat(self.linear_a_g.weight, self.linear_b_g.weight),
-            g_in_bias=cat(self.linear_a_g.bias, self.linear_b_g.bias),
-            norm_out_weight=self.layer_norm_out.weight,
-            norm_out_bias=self.layer_norm_out.bias,
-            p_out_weight=self.linear_z.weight,
-            p_out_bias=self.linear_z.bias,
-            g_out_weight=self.linear_g.weight,
-            g_out_bias=self.linear_g.bias,
-        )
+        direction = "outgoing" if self.outgoing else "incoming"
+        return cueq.triangle_multiplicative_update(z, direction, mask, **packed_weights(self))
 
 
 class OpenFold3SwiGLUTransition(torch.nn.Module):
