@@ -46,6 +46,12 @@ def stream(x: torch.Tensor):
     return ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream) if x.is_cuda else None
 
 
+def check_call(fn, a, *args) -> None:
+    """fn(&a, *args, err, len): one call of the C ABI; a failure raises with the core's message."""
+    err = _native.error_buffer()
+    _native.check(fn(ctypes.byref(a), *args, err, len(err)), err)
+
+
 def device_of(x: torch.Tensor):
     """The device guard of a call: x's CUDA device, or nothing on the CPU."""
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()

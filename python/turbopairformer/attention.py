@@ -12,7 +12,6 @@ CPU tensors run the FP64 reference (slow, exact), so models can be debugged anyw
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Optional
 
@@ -30,6 +29,12 @@ def _args(scale: float, compensate: bool, **tensors) -> _native.TpfAttentionArgs
     return a
 
 
+def _forward_tensors(q, k, v, bias, mask, out, res, lse, compensate) -> dict:
+    """The forward's tensors of the C struct (the backward reads them too)."""
+    residual = res if compensate else None
+    return dict(q=q, k=k, v=v, bias=bias, mask=mask, out=out, out_residual=residual, lse=lse)
+
+
 @torch.library.custom_op("turbopairformer::triangle_attention_fwd", mutates_args=())
 def _attention_fwd(
     q: torch.Tensor,
@@ -43,26 +48,9 @@ def _attention_fwd(
     out = torch.empty_like(q)
     res = torch.empty_like(q) if compensate else q.new_empty(0)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    a = _args(
-        scale,
-        compensate,
-        q=q,
-        k=k,
-        v=v,
-        bias=bias,
-        mask=mask,
-        out=out,
-        out_residual=res if compensate else None,
-        lse=lse,
-    )
-    err = _native.error_buffer()
+    a = _args(scale, compensate, **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate))
     with _calls.device_of(q):
-        _native.check(
-            _native.LIB.tpf_attention_forward(
-                ctypes.byref(a), int(q.is_cuda), _calls.stream(q), err, len(err)
-            ),
-            err,
-        )
+        _calls.check_call(_native.LIB.tpf_attention_forward, a, int(q.is_cuda), _calls.stream(q))
     return out, res, lse
 
 
@@ -94,14 +82,7 @@ def _attention_bwd(
     a = _args(
         scale,
         compensate,
-        q=q,
-        k=k,
-        v=v,
-        bias=bias,
-        mask=mask,
-        out=out,
-        out_residual=res if compensate else None,
-        lse=lse,
+        **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate),
         dout=dout,
         dq=dq,
         dk=dk,
@@ -110,14 +91,10 @@ def _attention_bwd(
     )
     err = _native.error_buffer()
     with _calls.device_of(q):
-        workspace, ptr, ws_bytes = _calls.workspace(
-            _native.LIB.tpf_attention_backward_workspace_size, a, q, err
-        )
-        _native.check(
-            _native.LIB.tpf_attention_backward(
-                ctypes.byref(a), int(q.is_cuda), ptr, ws_bytes, _calls.stream(q), err, len(err)
-            ),
-            err,
+        query = _native.LIB.tpf_attention_backward_workspace_size
+        _ws, ptr, ws_bytes = _calls.workspace(query, a, q, err)
+        _calls.check_call(
+            _native.LIB.tpf_attention_backward, a, int(q.is_cuda), ptr, ws_bytes, _calls.stream(q)
         )
     return dq, dk, dv, dbias
 

@@ -97,21 +97,36 @@ def _median_ms(fn, iters):
 
 
 def measure(name, mode, N, weights, iters=10):
+    """One backend and mode at one N: the block's step, accuracy and repeatability, then the
+    4-block stack's optimizer step (each part's tensors freed before the next)."""
     block_cls, stack_cls = _backends()[name]
+    inputs = _inputs(N)
+    row = {
+        "backend": name,
+        "mode": mode,
+        "N": N,
+        **_block_case(block_cls, mode, weights, inputs, iters),
+    }
+    torch.cuda.empty_cache()
+    row.update(_stack_case(stack_cls, mode, weights, inputs, iters))
+    torch.cuda.empty_cache()
+    return row
+
+
+def _block_case(block_cls, mode, weights, inputs, iters):
     block = block_cls().cuda()
     block.load_state_dict(weights)
     block.train()
     fn = torch.compile(block) if mode == "compile" else block
-    s, z, sm, pm = _inputs(N)
-    s.requires_grad_(True)
-    z.requires_grad_(True)
+    s, z, sm, pm = inputs
+    s, z = s.detach().requires_grad_(True), z.detach().requires_grad_(True)
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             so, zo = fn(s, z, sm, pm)
         _loss(so, zo, sm, pm).backward()
 
-    row = {"backend": name, "mode": mode, "N": N}
+    row = {}
     torch.cuda.synchronize()
     t0 = time.monotonic()
     step()  # compile (and first-call) time, reported apart
@@ -140,15 +155,16 @@ def measure(name, mode, N, weights, iters=10):
     rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()  # noqa: E731
     row["z_rel_err_vs_fp32"] = rel(zo.detach()[:, v][:, :, v], rz[:, v][:, :, v])
     row["s_rel_err_vs_fp32"] = rel(so.detach()[:, v], rs[:, v])
-    del block, fn, ref, grads
-    torch.cuda.empty_cache()
+    return row
 
+
+def _stack_case(stack_cls, mode, weights, inputs, iters):
+    s2, z2, sm, pm = inputs
     stack = stack_cls(no_blocks=4, blocks_per_ckpt=1).cuda()
     for blk in stack.blocks:
         blk.load_state_dict(weights)
     sfn = torch.compile(stack) if mode == "compile" else stack
     opt = torch.optim.AdamW(stack.parameters(), lr=1e-4)
-    s2, z2 = s.detach(), z.detach()
 
     def opt_step():
         opt.zero_grad(set_to_none=True)
@@ -160,11 +176,11 @@ def measure(name, mode, N, weights, iters=10):
     opt_step()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    row["stack4_step_ms"] = _median_ms(opt_step, max(3, iters // 2))
-    row["stack4_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-    del stack, sfn, opt
-    torch.cuda.empty_cache()
-    return row
+    step_ms = _median_ms(opt_step, max(3, iters // 2))
+    return {
+        "stack4_step_ms": step_ms,
+        "stack4_peak_gib": (torch.cuda.max_memory_allocated() - base) / 2**30,
+    }
 
 
 def run(Ns, modes, out_dir: Path, gpu: str, command: str):

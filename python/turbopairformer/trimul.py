@@ -7,7 +7,6 @@ the fused kernels, with their workspace from PyTorch's caching allocator.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Optional
 
 import torch
@@ -62,8 +61,7 @@ def _call(fn, a, x, saved: torch.Tensor, backward: bool) -> None:
     with _calls.device_of(x):
         query = _native.LIB.tpf_trimul_workspace_size
         _ws, ptr, ws_bytes = _calls.workspace(query, a, x, err, int(backward))
-        code = fn(ctypes.byref(a), int(x.is_cuda), ptr, ws_bytes, _calls.stream(x), err, len(err))
-        _native.check(code, err)
+        _calls.check_call(fn, a, int(x.is_cuda), ptr, ws_bytes, _calls.stream(x))
 
 
 def _fwd(x, mask, *rest):

@@ -7,12 +7,23 @@ import torch
 
 from turbopairformer.reference import (
     OpenFold3AttentionPairBias,
-    OpenFold3PairBlock,  # noqa: F401
+    OpenFold3PairBlock,
     OpenFold3PairFormerBlock,
     OpenFold3SwiGLUTransition,
     OpenFold3TriangleAttention,
     OpenFold3TriangleMultiplicativeUpdate,
 )
+
+__all__ = [
+    "OpenFold3AttentionPairBias",
+    "OpenFold3PairBlock",
+    "OpenFold3PairFormerBlock",
+    "OpenFold3SwiGLUTransition",
+    "OpenFold3TriangleAttention",
+    "OpenFold3TriangleMultiplicativeUpdate",
+    "assert_module_matches",
+    "attention_reference",
+]
 
 
 def attention_reference(q, k, v, bias, mask=None, scale=None):

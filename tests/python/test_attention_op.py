@@ -1,8 +1,6 @@
 """turbopairformer.triangle_attention: CPU reference path, CUDA kernels, errors, compile,
 CUDA graphs and opcheck."""
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
