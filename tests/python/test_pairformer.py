@@ -181,3 +181,21 @@ def test_gpu_parameter_gradients_are_bitwise_repeatable():
         runs.append([p.grad.clone() for p in block.parameters()])
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+def test_non_contiguous_pair_tensor_gives_the_same_block_output():
+    torch.manual_seed(2)
+    block = tpf.PairformerBlock(**SMALL).double().eval()
+    s, z, sm, pm = inputs(7, 2)
+    zt = z.transpose(1, 2).contiguous().transpose(1, 2)  # same values, column-major pairs
+    assert not zt.is_contiguous()
+    a, b = block(s, z, sm, pm), block(s, zt, sm, pm)
+    assert torch.allclose(a[0], b[0], atol=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
+
+
+def test_nan_in_a_valid_pair_is_not_hidden_by_the_block():
+    block = tpf.PairformerBlock(**SMALL).double().eval()
+    s, z, sm, pm = inputs(7, 2)
+    z[0, 1, 2, 3] = float("nan")
+    so, zo = block(s, z, sm, pm)
+    assert torch.isnan(zo).any() and torch.isnan(so).any()
