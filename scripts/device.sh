@@ -10,11 +10,13 @@
 #   scripts/device.sh ab ROUNDS "ARGS" BIN... alternating A/B rounds of `tpf bench ARGS` over builds
 #                                             (each BIN a folder with a tpf binary), then medians
 #   scripts/device.sh profile TPF [ARGS...]   per-kernel times of one `tpf bench ARGS` (Nsight Compute)
+#   scripts/device.sh install [WHEEL]         wheel-test's environment and install, without the tests
 #   scripts/device.sh wheel-test [WHEEL]      a fresh virtual environment, `pip install` of a wheel
 #                                             built elsewhere (default dist/*.whl), `tpf info`, and
 #                                             the whole pytest suite against it
 #   scripts/device.sh head-dims [DIR]         our attention at every head dim, padded and native
 #   scripts/device.sh pairformer [DIR] [N]    the Pairformer training step, ours and plain PyTorch
+#   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
 #
 # PyTorch comes from the machine's python3. wheel-test links its site-packages into the fresh
 # environment, as a user's existing PyTorch would be; TPF_VENV=DIR keeps that environment at DIR,
@@ -101,7 +103,7 @@ for name, t in sorted(tot.items(), key=lambda x: -x[1]):
     print(f"{t / cnt[name]:9.1f} us x{cnt[name]:3d}  {name}")
 PY
     ;;
-  wheel-test)
+  install|wheel-test)
     wheel=${1:-$(ls dist/turbopairformer-*.whl | head -n 1)}
     venv=${TPF_VENV:-$(mktemp -d)/venv}
     rm -rf "$venv"
@@ -110,6 +112,7 @@ PY
     python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" > "$site/host-torch.pth"
     "$venv/bin/python" -m pip install -q --no-index "$wheel" || exit 1
     "$venv/bin/tpf" info
+    [ "$cmd" = install ] && exit 0
     (cd /tmp && "$venv/bin/python" -c "import turbopairformer as t; print('imported', t.__version__, 'from', t.LIBRARY_PATH)")
     "$venv/bin/python" -m pytest tests/python -q -rs -p no:cacheprovider
     ;;
@@ -119,8 +122,11 @@ PY
   pairformer)
     "$PY" -m turbopairformer.bench --pairformer --n "${2:-384,768}" --out "${1:-bench/results/h200}"
     ;;
+  breakdown)
+    "$PY" -m turbopairformer.bench --pairformer --breakdown --n "${2:-768}" --out "${1:-bench/results/h200}"
+    ;;
   -h|--help|"")
-    sed -n 2,22p "$0"
+    sed -n 2,24p "$0"
     ;;
   *)
     echo "scripts/device.sh: unknown command '$cmd' (see --help)" >&2; exit 2

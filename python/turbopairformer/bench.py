@@ -757,6 +757,12 @@ def main(argv=None):
         "--modes", default="eager,compile", help="with --pairformer: eager, compile or both"
     )
     ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="with --pairformer: each pair-track module alone, ours and plain PyTorch, with our "
+        "kernels' share of the time and the top kernels",
+    )
+    ap.add_argument(
         "--head-dims",
         metavar="D_LIST",
         default=None,
@@ -800,6 +806,10 @@ def main(argv=None):
         from . import bench_pairformer
 
         out = _out_dir(args.out, gpu)
+        if args.breakdown:
+            bench_pairformer.breakdown(Ns, out, gpu, command)
+            print(f"written {out}/pairformer_breakdown.md")
+            return
         bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command)
         print(f"written {out}/pairformer.md")
         return
