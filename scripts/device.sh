@@ -126,7 +126,7 @@ PY
     "$PY" -m turbopairformer.bench --pairformer --breakdown --n "${2:-768}" --out "${1:-bench/results/h200}"
     ;;
   -h|--help|"")
-    sed -n 2,24p "$0"
+    sed -n 2,23p "$0"
     ;;
   *)
     echo "scripts/device.sh: unknown command '$cmd' (see --help)" >&2; exit 2
