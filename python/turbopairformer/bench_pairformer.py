@@ -279,6 +279,17 @@ def _pair_step(module, z, pm):
     return step
 
 
+def _part(blk, part, transposed_end):
+    """One module of a pair block as a function of (z, pair_mask). OpenFold3 runs the ending node
+    as a starting-node module on the transposed pair tensor; our module takes z as it is."""
+    if part == "pair_stack":
+        return blk
+    mod = getattr(blk, part)
+    if part == "tri_att_end" and transposed_end:
+        return lambda z, pm: mod(z.transpose(-2, -3), pm.transpose(-1, -2)).transpose(-2, -3)
+    return mod
+
+
 def _kernel_ms(step, steps=3):
     """CUDA kernel time per step from torch.profiler: (ours, everything else, the top kernels)."""
     from torch.profiler import ProfilerActivity, profile
@@ -305,18 +316,24 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10):
     from .pairformer import PairBlock
     from .reference import OpenFold3PairBlock
 
+    config = {
+        "c_z": 128,
+        "c_hidden_mul": 128,
+        "c_hidden_pair_att": 32,
+        "no_heads_pair": 4,
+        "transition_n": 4,
+    }
     torch.manual_seed(0)
-    weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock().state_dict().items()}
+    weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock(**config).state_dict().items()}
     rows, tops = [], []
     for N in Ns:
         _, z, _, pm = _inputs(N)
         z = z.requires_grad_(True)
         for name, cls in (("turbopairformer", PairBlock), ("pytorch", OpenFold3PairBlock)):
-            blk = cls().cuda().train()
+            blk = cls(**config).cuda().train()
             blk.load_state_dict(weights)
             for part in (*PAIR_PARTS, "pair_stack"):
-                mod = blk if part == "pair_stack" else getattr(blk, part)
-                step = _pair_step(mod, z, pm)
+                step = _pair_step(_part(blk, part, name == "pytorch"), z, pm)
                 ms = _median_ms(step, iters)
                 ours, rest, top = _kernel_ms(step)
                 rows.append(
