@@ -757,6 +757,11 @@ def main(argv=None):
         "--modes", default="eager,compile", help="with --pairformer: eager, compile or both"
     )
     ap.add_argument(
+        "--backends",
+        default=None,
+        help="with --pairformer: a comma list of backends to run (default: every one available)",
+    )
+    ap.add_argument(
         "--breakdown",
         action="store_true",
         help="with --pairformer: each pair-track module alone, ours and plain PyTorch, with our "
@@ -810,7 +815,8 @@ def main(argv=None):
             bench_pairformer.breakdown(Ns, out, gpu, command)
             print(f"written {out}/pairformer_breakdown.md")
             return
-        bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command)
+        backends = args.backends.split(",") if args.backends else None
+        bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command, backends)
         print(f"written {out}/pairformer.md")
         return
     if args.head_dims:

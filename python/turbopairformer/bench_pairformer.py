@@ -183,12 +183,20 @@ def _stack_case(stack_cls, mode, weights, inputs, iters):
     }
 
 
-def run(Ns, modes, out_dir: Path, gpu: str, command: str):
+def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None):
     from .reference import OpenFold3PairFormerBlock
 
+    backends = _backends()
+    if only is not None:
+        unknown = sorted(set(only) - set(backends))
+        if unknown:
+            raise SystemExit(
+                f"turbopairformer.bench: unknown backend(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(backends)}"
+            )
+        backends = {b: f for b, f in backends.items() if b in only}
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
-    backends = _backends()
     rows = [
         {"backend": b, "mode": "-", "N": "-", "status": why}
         for b, why in backends.items()

@@ -12,9 +12,9 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .attention import triangle_attention
+from .layers import gated_linear, norm_linear
 from .trimul import triangle_multiplicative_update
 
 
@@ -28,24 +28,6 @@ class _GatedAttentionProjections(nn.Module):
         self.linear_v = nn.Linear(c_in, c_hidden * no_heads, bias=False)
         self.linear_o = nn.Linear(c_hidden * no_heads, c_in, bias=bias)
         self.linear_g = nn.Linear(c_in, c_hidden * no_heads, bias=bias)
-
-
-def _cat_linear(x: torch.Tensor, layers, pad_to: int = 1) -> torch.Tensor:
-    """One GEMM for several nn.Linear layers on the same input: their weights stacked (the output
-    width zero-padded to a multiple of pad_to, so that every row of the result starts 16-byte
-    aligned), absent biases as zeros. Returns [*, sum of widths (+ pad)]."""
-    w = torch.cat([l.weight for l in layers])
-    if any(l.bias is not None for l in layers):
-        b = torch.cat(
-            [l.bias if l.bias is not None else w.new_zeros(l.out_features) for l in layers]
-        )
-    else:
-        b = None
-    extra = -w.shape[0] % pad_to
-    if extra:
-        w = torch.cat([w, w.new_zeros(extra, w.shape[1])])
-        b = torch.cat([b, b.new_zeros(extra)]) if b is not None else None
-    return F.linear(x, w, b)
 
 
 class TriangleAttention(nn.Module):
@@ -82,23 +64,21 @@ class TriangleAttention(nn.Module):
         row shard of the pair tensor (turbopairformer.distributed), turns this shard's rows of
         the bias projection into all N rows; it is only valid with starting=True."""
         lead = x.shape[:-3]
-        x = self.layer_norm(x.reshape(-1, *x.shape[-3:]))  # [B, I, J, C]
+        x = x.reshape(-1, *x.shape[-3:])  # [B, I, J, C]
         B, I, J, _ = x.shape
         H, c = self.no_heads, self.c_hidden
         m = self.mha
-        proj = _cat_linear(x, (m.linear_q, m.linear_k, m.linear_v, m.linear_g, self.linear_z), 8)
+        layers = (m.linear_q, m.linear_k, m.linear_v, m.linear_g, self.linear_z)
+        *qkvg, zb = norm_linear(x, self.layer_norm, layers, 8)  # views of one [B, I, J, P]
         # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
-        # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views of proj.
+        # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views.
         order, back = (
             ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if starting else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
         )
-        q, k, v, g = (
-            proj[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4)
-        )
+        q, k, v, g = (t.unflatten(-1, (H, c)) for t in qkvg)
         q, k, v = (t.permute(order) for t in (q, k, v))
         # bias[b, h, q, k] = z[q, k, h] (starting) or z[k, q, h] (ending): [B, 1, H, N, N],
         # contiguous so that the kernel streams it with vector loads (H N^2 values)
-        zb = proj[..., 4 * H * c : 4 * H * c + H]
         if gather_rows is not None:
             zb = gather_rows(zb)  # [B, N, J, H]: every row of the bias
         bias = zb.permute(0, 3, 1, 2) if starting else zb.permute(0, 3, 2, 1)
@@ -110,8 +90,8 @@ class TriangleAttention(nn.Module):
         o = triangle_attention(
             q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c), compensate=self.compensate
         )  # [B, S, H, N, c]
-        o = torch.sigmoid(g) * o.permute(back)  # [B, I, J, H, c], g's layout
-        return m.linear_o(o.reshape(B, I, J, H * c)).reshape(*lead, I, J, self.c_in)
+        out = gated_linear(g, o.permute(back), m.linear_o)  # [B, I, J, C]
+        return out.reshape(*lead, I, J, self.c_in)
 
 
 TriangleAttentionStartingNode = TriangleAttention

@@ -24,9 +24,9 @@ from .attention import triangle_attention
 from .modules import (
     TriangleAttention,
     TriangleMultiplicativeUpdate,
-    _cat_linear,
     _GatedAttentionProjections,
 )
+from .layers import gated_linear, norm_linear, swiglu_linear
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -52,10 +52,8 @@ class SwiGLUTransition(nn.Module):
         self.linear_out = nn.Linear(n * c_in, c_in, bias=False)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        a, b = _cat_linear(self.layer_norm(x), (self.swiglu.linear_a, self.swiglu.linear_b)).chunk(
-            2, -1
-        )
-        x = self.linear_out(F.silu(a) * b)
+        u, v = norm_linear(x, self.layer_norm, (self.swiglu.linear_a, self.swiglu.linear_b))
+        x = swiglu_linear(u, v, self.linear_out)
         return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
 
 
@@ -77,18 +75,15 @@ class AttentionPairBias(nn.Module):
     ) -> torch.Tensor:
         B, N, _ = a.shape
         H, c = self.no_heads, self.c_hidden
-        a = self.layer_norm_a(a)
         m = self.mha
-        proj = _cat_linear(a, (m.linear_q, m.linear_k, m.linear_v, m.linear_g), 8)  # [B, N, 4Hc]
-        q, k, v, g = (
-            proj[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(4)
-        )
+        layers = (m.linear_q, m.linear_k, m.linear_v, m.linear_g)
+        q, k, v, g = (t.unflatten(-1, (H, c)) for t in norm_linear(a, self.layer_norm_a, layers, 8))
         q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # [B, 1, H, N, c]
-        bias = self.linear_z(self.layer_norm_z(z)).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
+        (zb,) = norm_linear(z, self.layer_norm_z, (self.linear_z,))  # [B, N, N, H]
+        bias = zb.permute(0, 3, 1, 2).unsqueeze(1).contiguous()
         key_mask = None if mask is None else mask.reshape(B, 1, 1, 1, N).to(torch.bool)
         o = triangle_attention(q, k, v, bias.to(q.dtype), key_mask, scale=1.0 / math.sqrt(c))
-        o = torch.sigmoid(g) * o[:, 0].transpose(1, 2)  # [B, N, H, c]
-        return m.linear_o(o.reshape(B, N, H * c))
+        return gated_linear(g, o[:, 0].transpose(1, 2), m.linear_o)  # [B, N, c_s]
 
 
 class PairBlock(nn.Module):

@@ -1,0 +1,198 @@
+"""The projections around the triangle kernels, each one autograd node with a hand-written
+backward, so that a layer's forward + backward makes one pass per GEMM operand instead of
+PyTorch's per-op temporaries:
+
+    norm_linear(x, norm, layers, pad_to)  LayerNorm, then several nn.Linear on its output as one
+                                          GEMM; returns each layer's output as a view of one
+                                          tensor, and takes their gradients back as one
+    gated_linear(g, o, layer)             layer(sigmoid(g) * o)
+    swiglu_linear(u, v, layer)            layer(silu(u) * v), the hidden product recomputed in
+                                          the backward instead of saved
+
+Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
+autocast runs it), rounds where PyTorch's autocast rounds, and returns fp32 weight gradients for
+fp32 weights. cuBLAS GEMMs and PyTorch's LayerNorm backward are run-to-run deterministic, so the
+gradients are bitwise repeatable.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def _weight_grads(dy: torch.Tensor, a: torch.Tensor, w: torch.Tensor, has_bias: bool):
+    """dW = dyᵀ a in w's dtype, and db = colsum(dy) in at least fp32, then w's dtype (None
+    without bias).
+    dy: [*, O], a: [*, K]."""
+    dw = (_rows(dy).t() @ _rows(a)).to(w.dtype)  # [O, K]
+    acc = torch.promote_types(dy.dtype, torch.float32)
+    db = _rows(dy).sum(0, dtype=acc).to(w.dtype) if has_bias else None
+    return dw, db
+
+
+def _joined(grads, widths, shape, like: torch.Tensor) -> torch.Tensor:
+    """The gradients of consecutive column blocks as one tensor of `shape` ([*, P], P >= the sum
+    of widths; like's dtype and device): their common base when they already are views of one
+    (no copy), else one copy each (zeros for None and for the padding)."""
+    total = shape[-1]
+    base = grads[0]._base if grads[0] is not None else None
+    if (
+        base is not None
+        and base.shape == shape
+        and base.dtype == like.dtype
+        and base.is_contiguous()
+    ):
+        start = base.storage_offset()
+        offset = 0
+        ok = True
+        for g, w in zip(grads, widths):
+            ok = ok and g is not None and g._base is base and g.stride() == base.stride()
+            ok = ok and g.storage_offset() == start + offset
+            offset += w
+        if ok and offset == total:
+            return base
+    dy = torch.empty(shape, dtype=like.dtype, device=like.device)
+    offset = 0
+    for g, w in zip(grads, widths):
+        part = dy[..., offset : offset + w]
+        part.zero_() if g is None else part.copy_(g.reshape(part.shape))
+        offset += w
+    if offset < total:
+        dy[..., offset:].zero_()
+    return dy
+
+
+class _NormLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ln_w, ln_b, eps, w, b, widths):
+        cd = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            C = x.shape[-1]
+            xn, mean, rstd = torch.native_layer_norm(x, [C], ln_w, ln_b, eps)
+            a = xn.to(cd)  # [*, C]
+            y = F.linear(a, w.to(cd), None if b is None else b.to(cd))  # [*, P]
+        ctx.save_for_backward(x, mean, rstd, ln_w, ln_b, a, w)
+        ctx.widths, ctx.has_bias, ctx.y_shape = widths, b is not None, y.shape
+        outs, offset = [], 0
+        for width in widths:
+            outs.append(y[..., offset : offset + width])
+            offset += width
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, mean, rstd, ln_w, ln_b, a, w = ctx.saved_tensors
+        dy = _joined(grads, ctx.widths, ctx.y_shape, a)  # [*, P]
+        da = dy @ w.to(a.dtype)  # [*, C]
+        dw, db = _weight_grads(dy, a, w, ctx.has_bias)
+        dx, dln_w, dln_b = torch.ops.aten.native_layer_norm_backward(
+            da.to(x.dtype),
+            x,
+            [x.shape[-1]],
+            mean,
+            rstd,
+            ln_w,
+            ln_b,
+            [True, ln_w is not None, ln_b is not None],
+        )
+        return dx, dln_w, dln_b, None, dw, db, None
+
+
+def _stacked(layers, pad_to: int):
+    """The layers' weights stacked [sum(out) (+ pad), in] and biases (None when none has one;
+    zeros for those without), the output width zero-padded to a multiple of pad_to."""
+    w = torch.cat([l.weight for l in layers])
+    b = None
+    if any(l.bias is not None for l in layers):
+        b = torch.cat(
+            [l.bias if l.bias is not None else w.new_zeros(l.out_features) for l in layers]
+        )
+    extra = -w.shape[0] % pad_to
+    if extra:
+        w = torch.cat([w, w.new_zeros(extra, w.shape[1])])
+        b = None if b is None else torch.cat([b, b.new_zeros(extra)])
+    return w, b
+
+
+def norm_linear(
+    x: torch.Tensor, norm: nn.LayerNorm, layers, pad_to: int = 1
+) -> tuple[torch.Tensor, ...]:
+    """layer(norm(x)) for each layer, as views of one [*, sum of widths (+ pad)] result whose
+    rows start 16-byte aligned when pad_to makes them so."""
+    w, b = _stacked(layers, pad_to)
+    widths = tuple(l.out_features for l in layers)
+    return _NormLinear.apply(x, norm.weight, norm.bias, norm.eps, w, b, widths)
+
+
+class _GatedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g, o, w, b):
+        cd = _compute_dtype(g)
+        with torch.autocast(g.device.type, enabled=False):
+            g, o = g.to(cd), o.to(cd)
+            gs = torch.sigmoid(g)  # [*, H, c]
+            og = torch.mul(gs, o, out=torch.empty_like(gs)).flatten(-2)  # [*, H c], contiguous
+            out = F.linear(og, w.to(cd), None if b is None else b.to(cd))  # [*, C]
+        ctx.save_for_backward(gs, o, og, w)
+        ctx.has_bias = b is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        gs, o, og, w = ctx.saved_tensors
+        dout = dout.to(og.dtype)
+        dog = (dout @ w.to(og.dtype)).view(gs.shape)  # [*, H, c]
+        dw, db = _weight_grads(dout, og, w, ctx.has_bias)
+        dg = torch.ops.aten.sigmoid_backward(dog * o, gs)
+        return dg, dog * gs, dw, db
+
+
+def gated_linear(g: torch.Tensor, o: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """layer(sigmoid(g) * o) over the last two dims flattened; g, o: [*, H, c], any strides."""
+    return _GatedLinear.apply(g, o, layer.weight, layer.bias)
+
+
+class _SwiGLULinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u, v, w):
+        cd = _compute_dtype(u)
+        with torch.autocast(u.device.type, enabled=False):
+            u, v = u.to(cd), v.to(cd)
+            h = torch.mul(F.silu(u), v, out=torch.empty(u.shape, dtype=cd, device=u.device))
+            out = F.linear(h, w.to(cd))  # [*, C]
+        ctx.save_for_backward(u, v, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        u, v, w = ctx.saved_tensors
+        dout = dout.to(u.dtype)
+        dh = dout @ w.to(u.dtype)  # [*, n C]
+        su = F.silu(u)
+        dw, _ = _weight_grads(dout, su * v, w, False)
+        # both input gradients in one buffer, so that norm_linear's backward takes it whole
+        duv = torch.empty(*u.shape[:-1], 2 * u.shape[-1], dtype=u.dtype, device=u.device)
+        du, dv = duv[..., : u.shape[-1]], duv[..., u.shape[-1] :]
+        torch.mul(dh, su, out=dv)
+        torch.ops.aten.silu_backward.grad_input(dh * v, u, grad_input=du)
+        return du, dv, dw
+
+
+def swiglu_linear(u: torch.Tensor, v: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """layer(silu(u) * v) (no bias); u, v: [*, n C]."""
+    if layer.bias is not None:
+        raise ValueError("turbopairformer: swiglu_linear: the output layer must have no bias")
+    return _SwiGLULinear.apply(u, v, layer.weight)

@@ -1,0 +1,128 @@
+"""turbopairformer.layers: each fused projection against the same PyTorch ops under autograd,
+outputs and every gradient, in fp64 (exact up to summation order) and under bf16 autocast (the
+training configuration, where both sides round at the same places)."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from conftest import requires_gpu  # noqa: E402
+from turbopairformer.layers import gated_linear, norm_linear, swiglu_linear  # noqa: E402
+
+
+def _layers(C, widths, bias, dtype, seed):
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(C).to(dtype)
+    lins = [nn.Linear(C, w, bias=bias and i % 2 == 0).to(dtype) for i, w in enumerate(widths)]
+    with torch.no_grad():
+        norm.weight.add_(0.3 * torch.randn_like(norm.weight))
+        norm.bias.add_(0.3 * torch.randn_like(norm.bias))
+    return norm, lins
+
+
+def _grads(tensors):  # an unused layer's weights: None on one side, zeros on the other
+    return [torch.zeros_like(t) if t.grad is None else t.grad.clone() for t in tensors]
+
+
+def _check(fused, plain, inputs, params, rtol, atol):
+    """The fused and the plain function of the same inputs: outputs and every gradient."""
+    outs = []
+    for fn in (fused, plain):
+        for t in (*inputs, *params):
+            t.grad = None
+        out = fn()
+        g = torch.Generator(device=out.device).manual_seed(7)
+        w = torch.randn(out.shape, generator=g, dtype=torch.float32, device=out.device)
+        (out.float() * w).sum().backward()
+        outs.append((out.detach().float(), _grads((*inputs, *params))))
+    (a, ga), (b, gb) = outs
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x.float(), y.float(), rtol=rtol, atol=atol)
+
+
+CASES = [  # (device, autocast dtype or None, rtol, atol)
+    ("cpu", None, 1e-10, 1e-10),
+    ("cpu", torch.bfloat16, 2e-2, 2e-2),
+    pytest.param("cuda", torch.bfloat16, 2e-2, 2e-2, marks=requires_gpu),
+]
+
+
+def _ctx(device, dtype):
+    return torch.autocast(device, dtype=dtype, enabled=dtype is not None)
+
+
+@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_norm_linear_matches_layer_norm_then_linears(device, amp, rtol, atol, bias):
+    dtype = torch.float64 if amp is None else torch.float32
+    norm, lins = _layers(24, (16, 8, 3), bias, dtype, seed=1)
+    norm, lins = norm.to(device), [l.to(device) for l in lins]
+    # a non-contiguous input (the transposed pair tensor of an ending node)
+    x0 = torch.randn(2, 7, 5, 24, dtype=dtype, device=device).requires_grad_(True)
+    x = x0.transpose(1, 2)
+    params = [*norm.parameters(), *[p for l in lins for p in l.parameters()]]
+
+    def fused(use=(0, 2)):  # the middle output unused: its gradient arrives as None
+        with _ctx(device, amp):
+            outs = norm_linear(x, norm, lins, pad_to=8)
+            return torch.cat([outs[i].float() for i in use], -1)
+
+    def plain(use=(0, 2)):
+        with _ctx(device, amp):
+            y = norm(x)
+            return torch.cat([lins[i](y).float() for i in use], -1)
+
+    _check(fused, plain, [x0], params, rtol, atol)
+    with _ctx(device, amp):
+        outs = norm_linear(x, norm, lins, pad_to=8)
+    assert [o.shape[-1] for o in outs] == [16, 8, 3]
+    assert all(o.stride(-2) % 8 == 0 for o in outs)  # rows padded to 27 -> 32 columns
+
+
+@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_linear_matches_sigmoid_gate_then_linear(device, amp, rtol, atol, bias):
+    dtype = torch.float64 if amp is None else torch.float32
+    torch.manual_seed(2)
+    lin = nn.Linear(12, 10, bias=bias).to(device, dtype)
+    g = torch.randn(3, 5, 3, 4, dtype=dtype, device=device).requires_grad_(True)
+    o = torch.randn(3, 3, 5, 4, dtype=dtype, device=device).requires_grad_(True)
+
+    def fused():
+        with _ctx(device, amp):
+            return gated_linear(g, o.transpose(1, 2), lin)
+
+    def plain():
+        with _ctx(device, amp):
+            return lin((torch.sigmoid(g) * o.transpose(1, 2)).flatten(-2))
+
+    _check(fused, plain, [g, o], list(lin.parameters()), rtol, atol)
+
+
+@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
+def test_swiglu_linear_matches_silu_gate_then_linear(device, amp, rtol, atol):
+    dtype = torch.float64 if amp is None else torch.float32
+    norm, (la, lb) = _layers(8, (16, 16), False, dtype, seed=3)
+    norm, la, lb = norm.to(device), la.to(device), lb.to(device)
+    out = nn.Linear(16, 8, bias=False).to(device, dtype)
+    x = torch.randn(4, 6, 8, dtype=dtype, device=device).requires_grad_(True)
+    params = [*norm.parameters(), la.weight, lb.weight, out.weight]
+
+    def fused():
+        with _ctx(device, amp):
+            return swiglu_linear(*norm_linear(x, norm, (la, lb)), out)
+
+    def plain():
+        with _ctx(device, amp):
+            y = norm(x)
+            return out(F.silu(la(y)) * lb(y))
+
+    _check(fused, plain, [x], params, rtol, atol)
+
+
+def test_swiglu_linear_rejects_an_output_bias():
+    with pytest.raises(ValueError, match="no bias"):
+        swiglu_linear(torch.zeros(2, 4), torch.zeros(2, 4), nn.Linear(4, 3))
