@@ -6,8 +6,6 @@ PyTorch's per-op temporaries:
                                           GEMM; returns each layer's output as a view of one
                                           tensor, and takes their gradients back as one
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
-    swiglu_linear(u, v, layer)            layer(silu(u) * v), the hidden product recomputed in
-                                          the backward instead of saved
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds, and returns fp32 weight gradients for
@@ -45,32 +43,17 @@ def _weight_grads(dy: torch.Tensor, a: torch.Tensor, w: torch.Tensor, has_bias: 
 
 def _joined(grads, widths, shape, like: torch.Tensor) -> torch.Tensor:
     """The gradients of consecutive column blocks as one tensor of `shape` ([*, P], P >= the sum
-    of widths; like's dtype and device): their common base when they already are views of one
-    (no copy), else one copy each (zeros for None and for the padding)."""
-    total = shape[-1]
-    base = grads[0]._base if grads[0] is not None else None
-    if (
-        base is not None
-        and base.shape == shape
-        and base.dtype == like.dtype
-        and base.is_contiguous()
-    ):
-        start = base.storage_offset()
-        offset = 0
-        ok = True
-        for g, w in zip(grads, widths):
-            ok = ok and g is not None and g._base is base and g.stride() == base.stride()
-            ok = ok and g.storage_offset() == start + offset
-            offset += w
-        if ok and offset == total:
-            return base
+    of widths; like's dtype and device): one copy each, zeros for None and for the padding."""
     dy = torch.empty(shape, dtype=like.dtype, device=like.device)
     offset = 0
     for g, w in zip(grads, widths):
         part = dy[..., offset : offset + w]
-        part.zero_() if g is None else part.copy_(g.reshape(part.shape))
+        if g is None:
+            part.zero_()
+        else:
+            part.copy_(g)
         offset += w
-    if offset < total:
+    if offset < shape[-1]:
         dy[..., offset:].zero_()
     return dy
 
@@ -81,6 +64,7 @@ class _NormLinear(torch.autograd.Function):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             C = x.shape[-1]
+            x = x.contiguous()  # the backward's LayerNorm reads x in mean/rstd's row order
             xn, mean, rstd = torch.native_layer_norm(x, [C], ln_w, ln_b, eps)
             a = xn.to(cd)  # [*, C]
             y = F.linear(a, w.to(cd), None if b is None else b.to(cd))  # [*, P]
@@ -144,7 +128,7 @@ class _GatedLinear(torch.autograd.Function):
         with torch.autocast(g.device.type, enabled=False):
             g, o = g.to(cd), o.to(cd)
             gs = torch.sigmoid(g)  # [*, H, c]
-            og = torch.mul(gs, o, out=torch.empty_like(gs)).flatten(-2)  # [*, H c], contiguous
+            og = (gs * o).contiguous().flatten(-2)  # [*, H c]
             out = F.linear(og, w.to(cd), None if b is None else b.to(cd))  # [*, C]
         ctx.save_for_backward(gs, o, og, w)
         ctx.has_bias = b is not None
@@ -163,36 +147,3 @@ class _GatedLinear(torch.autograd.Function):
 def gated_linear(g: torch.Tensor, o: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """layer(sigmoid(g) * o) over the last two dims flattened; g, o: [*, H, c], any strides."""
     return _GatedLinear.apply(g, o, layer.weight, layer.bias)
-
-
-class _SwiGLULinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u, v, w):
-        cd = _compute_dtype(u)
-        with torch.autocast(u.device.type, enabled=False):
-            u, v = u.to(cd), v.to(cd)
-            h = torch.mul(F.silu(u), v, out=torch.empty(u.shape, dtype=cd, device=u.device))
-            out = F.linear(h, w.to(cd))  # [*, C]
-        ctx.save_for_backward(u, v, w)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        u, v, w = ctx.saved_tensors
-        dout = dout.to(u.dtype)
-        dh = dout @ w.to(u.dtype)  # [*, n C]
-        su = F.silu(u)
-        dw, _ = _weight_grads(dout, su * v, w, False)
-        # both input gradients in one buffer, so that norm_linear's backward takes it whole
-        duv = torch.empty(*u.shape[:-1], 2 * u.shape[-1], dtype=u.dtype, device=u.device)
-        du, dv = duv[..., : u.shape[-1]], duv[..., u.shape[-1] :]
-        torch.mul(dh, su, out=dv)
-        torch.ops.aten.silu_backward.grad_input(dh * v, u, grad_input=du)
-        return du, dv, dw
-
-
-def swiglu_linear(u: torch.Tensor, v: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """layer(silu(u) * v) (no bias); u, v: [*, n C]."""
-    if layer.bias is not None:
-        raise ValueError("turbopairformer: swiglu_linear: the output layer must have no bias")
-    return _SwiGLULinear.apply(u, v, layer.weight)

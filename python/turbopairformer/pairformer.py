@@ -26,7 +26,7 @@ from .modules import (
     TriangleMultiplicativeUpdate,
     _GatedAttentionProjections,
 )
-from .layers import gated_linear, norm_linear, swiglu_linear
+from .layers import gated_linear, norm_linear
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -40,7 +40,7 @@ def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torc
 
 class SwiGLUTransition(nn.Module):
     """OpenFold3's SwiGLUTransition (AF3 Algorithm 11): LayerNorm, silu(x Wa) * (x Wb), then the
-    down projection, times the mask. The two up projections run as one GEMM."""
+    down projection, times the mask."""
 
     def __init__(self, c_in: int, n: int = 4):
         super().__init__()
@@ -52,8 +52,10 @@ class SwiGLUTransition(nn.Module):
         self.linear_out = nn.Linear(n * c_in, c_in, bias=False)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        u, v = norm_linear(x, self.layer_norm, (self.swiglu.linear_a, self.swiglu.linear_b))
-        x = swiglu_linear(u, v, self.linear_out)
+        # two GEMMs, not one stacked: silu and the product then run on contiguous halves,
+        # which PyTorch's elementwise kernels vectorise (pairformer_breakdown.md)
+        x = self.layer_norm(x)
+        x = self.linear_out(F.silu(self.swiglu.linear_a(x)) * self.swiglu.linear_b(x))
         return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
 
 

@@ -6,10 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
 
 from conftest import requires_gpu  # noqa: E402
-from turbopairformer.layers import gated_linear, norm_linear, swiglu_linear  # noqa: E402
+from turbopairformer.layers import gated_linear, norm_linear  # noqa: E402
 
 
 def _layers(C, widths, bias, dtype, seed):
@@ -100,29 +99,3 @@ def test_gated_linear_matches_sigmoid_gate_then_linear(device, amp, rtol, atol, 
             return lin((torch.sigmoid(g) * o.transpose(1, 2)).flatten(-2))
 
     _check(fused, plain, [g, o], list(lin.parameters()), rtol, atol)
-
-
-@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
-def test_swiglu_linear_matches_silu_gate_then_linear(device, amp, rtol, atol):
-    dtype = torch.float64 if amp is None else torch.float32
-    norm, (la, lb) = _layers(8, (16, 16), False, dtype, seed=3)
-    norm, la, lb = norm.to(device), la.to(device), lb.to(device)
-    out = nn.Linear(16, 8, bias=False).to(device, dtype)
-    x = torch.randn(4, 6, 8, dtype=dtype, device=device).requires_grad_(True)
-    params = [*norm.parameters(), la.weight, lb.weight, out.weight]
-
-    def fused():
-        with _ctx(device, amp):
-            return swiglu_linear(*norm_linear(x, norm, (la, lb)), out)
-
-    def plain():
-        with _ctx(device, amp):
-            y = norm(x)
-            return out(F.silu(la(y)) * lb(y))
-
-    _check(fused, plain, [x], params, rtol, atol)
-
-
-def test_swiglu_linear_rejects_an_output_bias():
-    with pytest.raises(ValueError, match="no bias"):
-        swiglu_linear(torch.zeros(2, 4), torch.zeros(2, 4), nn.Linear(4, 3))
