@@ -7,6 +7,10 @@ PyTorch's per-op temporaries:
                                           tensor, and takes their gradients back as one
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
 
+These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
+its own kernels and whose saved set its partitioner chooses (with the nodes, a checkpointed
+4-block stack held 16.2 GiB at N = 768 against 11.0: bench/results/h200/pairformer.md).
+
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds, and returns fp32 weight gradients for
 fp32 weights. cuBLAS GEMMs and PyTorch's LayerNorm backward are run-to-run deterministic, so the
@@ -118,6 +122,12 @@ def norm_linear(
     rows start 16-byte aligned when pad_to makes them so."""
     w, b = _stacked(layers, pad_to)
     widths = tuple(l.out_features for l in layers)
+    if torch.compiler.is_compiling():  # inductor fuses the plain ops and chooses what to save
+        y, outs, offset = F.linear(norm(x), w, b), [], 0
+        for width in widths:
+            outs.append(y[..., offset : offset + width])
+            offset += width
+        return tuple(outs)
     return _NormLinear.apply(x, norm.weight, norm.bias, norm.eps, w, b, widths)
 
 
@@ -146,4 +156,6 @@ class _GatedLinear(torch.autograd.Function):
 
 def gated_linear(g: torch.Tensor, o: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """layer(sigmoid(g) * o) over the last two dims flattened; g, o: [*, H, c], any strides."""
+    if torch.compiler.is_compiling():
+        return layer((torch.sigmoid(g) * o).flatten(-2))
     return _GatedLinear.apply(g, o, layer.weight, layer.bias)
