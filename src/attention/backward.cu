@@ -19,45 +19,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "common/kernel_attrs.h"
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
-#include "dev/phase_timer.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
 #include "attention/tile_io.cuh"
 
-// Timing experiment only (wrong dQ): skip waiting for the dQ turn, to measure what it costs.
-#ifndef TPF_EXPERIMENT_NO_DQ_ORDER
-#define TPF_EXPERIMENT_NO_DQ_ORDER 0
-#endif
-
 namespace tpf::attn {
 namespace {
-
-// Timing experiments (TPF_EXPERIMENT_PHASES builds, env TPF_BWD_SKIP; the gradients are then
-// wrong): parts of the backward skipped to measure what they cost (perf-notes v15, v16). Never
-// skipped in a shipped build.
-enum BwdSkip : int {
-  kSkipDbiasSums = 1,     // the dbias warps' sums
-  kSkipDqAdds = 2,        // the dQ warps' adds
-  kSkipTurnWait = 4,      // the dQ warps' wait for the turn
-  kSkipQuad1Tiles = 8,    // quad 1's Q and dO loads after step 1
-  kSkipOldPartial = 16,   // the dbias warps' reads of the old partial
-  kSkipDqAccRead = 32,    // the dQ warps' reads of dq_acc
-  kSkipTileLoads = 64,    // every tile load after step 1
-  kSkipExp = 128,         // the exponentials (P = the exponent)
-  kSkipDqPart = 256,      // the math's dQ part
-  kSkipDsfStores = 512,   // the math's fp32 dS^T stores for dbias
-  kSkipQuad1Units = 1024,  // quad 1's tensor products of S^T, dP^T, dV, dK and its exponentials
-                           //   (wgmma builds): quad 0's phases without the other quad contending
-};
-__device__ __forceinline__ bool skips(const BwdArgs& a, BwdSkip part) {
-  return TPF_EXPERIMENT_PHASES && (a.experiment & part);
-}
 
 // Shared memory of one block, in elements; the regions follow one another in this order. C: dQ
 // turn chains (tile_config.h's bwd_dq_chains).
@@ -167,12 +139,6 @@ struct BwdBlock {
   __device__ __forceinline__ int rows_of(int sg, int m) const { return sg * G + m < S ? N : 0; }
   __device__ __forceinline__ T* k_tile(int sg, int m) const { return sK + (((sg - sg_begin) & 1) * G + m) * BK * D; }
   __device__ __forceinline__ T* v_tile(int sg, int m) const { return sV + (((sg - sg_begin) & 1) * G + m) * BK * D; }
-  // The blocks whose phase timers print (timing experiment): the first, a middle and the last
-  // key tile.
-  __device__ __forceinline__ bool is_traced() const {
-    const bool which = kb == 0 || kb == 6 || kb + 1 == static_cast<int>(gridDim.x);
-    return blockIdx.y == 0 && blockIdx.z == 0 && which;
-  }
   // This key tile's dQ chain and its place in it; whether it is the chain's last.
   // (C is a template parameter: read from the arguments, the divisor cost the dQ warps' loop its
   // versioning on the first place and the kernel 12%, perf-notes v17.)
@@ -205,7 +171,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D, C>& k, int
   };
   // Whether step gs's group starts the chunk (its partial not yet written: no old value).
   auto first_group = [&](int gs) {
-    return k.group_of(gs) == k.sg_begin || skips(k.a, kSkipOldPartial);
+    return k.group_of(gs) == k.sg_begin;
   };
   auto load_old = [&](int gs) {
     if (first_group(gs)) return;
@@ -221,16 +187,13 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D, C>& k, int
   };
   load_old(0);
   dev::cp_async_commit();
-  dev::PhaseTimer<2, 3, 1> phases(half, lane);  // DONE_B wait, sOld wait, sum (timing experiment)
   for (int gs = 0; gs < k.steps; ++gs) {
     const int q0 = k.query_tile_of(gs) * BQ;
     const bool first = first_group(gs);
     dev::bar_sync(kBarDoneB, B::kWith);  // sdSf holds step gs
-    phases.mark(0);
     dev::cp_async_wait<0>();            // and sOld
-    phases.mark(1);
 #pragma unroll 1
-    for (int v = 0; v < (skips(k.a, kSkipDbiasSums) ? 0 : B::kVirt); ++v) {
+    for (int v = 0; v < B::kVirt; ++v) {
       const int2 rc = row_col(v);
       const int r = rc.x, c = rc.y;
 #pragma unroll 4
@@ -250,9 +213,7 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D, C>& k, int
       load_old(gs + 1);
       dev::cp_async_commit();
     }
-    phases.mark(2);
   }
-  if (k.is_traced()) phases.print("bwd-dbias", k.kb, half, k.steps);
 }
 
 // The helper's dQ warps: warp w takes the steps gs = w (mod 2), whose dQ parts are in sDq[gs %
@@ -292,20 +253,17 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
   // cp.async round trip for the whole tile into shared memory measured no faster: perf-notes v12).
   constexpr int kVB = kDqIters >= 8 ? 1 : 8 / kDqIters;
   static_assert(kVirt % kVB == 0, "whole batches");
-  dev::PhaseTimer<2, 4> phases(w, lane);  // DONE_Q wait, turn wait, add, release (timing experiment)
   for (int gs = w; gs < k.steps; gs += 2) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
     const int stage = gs % kStages;
     const float* dq = k.sDq + stage * G * BQ * DP;
     dev::bar_sync(kBarDoneQ + stage, B::kWith1);  // sDq[stage] holds step gs
-    phases.mark(0);
     // Wait for the turn: the key tiles before this one have stored theirs.
-    if (pos > 0 && lane == 0 && !TPF_EXPERIMENT_NO_DQ_ORDER && !skips(a, kSkipTurnWait))
+    if (pos > 0 && lane == 0)
       while (dev::ld_acquire_gpu(k.turn_of(sg, qi)) != pos) __nanosleep(32);
     __syncwarp();
-    phases.mark(1);
 #pragma unroll 1
-    for (int v0 = 0; v0 < (skips(a, kSkipDqAdds) ? 0 : kVirt); v0 += kVB) {
+    for (int v0 = 0; v0 < kVirt; v0 += kVB) {
       DqChunk ch[kVB];
       float4 old[kVB][kDqIters];
 #pragma unroll
@@ -315,7 +273,7 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
         for (int it = 0; it < kDqIters; ++it) {
           const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this lane's row
           old[u][it] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (pos > 0 && m < ch[u].members && q < ch[u].rows_left && !skips(a, kSkipDqAccRead))
+          if (pos > 0 && m < ch[u].members && q < ch[u].rows_left)
             old[u][it] = __ldcg(reinterpret_cast<const float4*>(ch[u].g + m * dq_slice_stride + q * D));
         }
       }
@@ -332,15 +290,12 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
         }
     }
     if (gs + kStages < k.steps) dev::bar_arrive(kBarDqFree + stage, B::kWith1);  // sDq[stage] read
-    phases.mark(2);
     // Publish the stores: __syncwarp orders the other lanes' stores before lane 0's gpu-scope
     // release, which is cumulative, so no separate fence is needed (a __threadfence there cost
     // ~1300 cycles a step when the math warps did this: perf-notes v11).
     __syncwarp();
     if (lane == 0 && !last) dev::st_release_gpu(k.turn_of(sg, qi), pos + 1);
-    phases.mark(3);
   }
-  if (k.is_traced()) phases.print("bwd-dq", k.kb, w, (k.steps - w + 1) / 2);
 }
 
 // Math warps: quad `quad` computes slice sg * G + quad of every step: P^T recomputed once from
@@ -377,10 +332,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
   auto load_step = [&](int gs) {
     const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
     const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
-    if (!(skips(a, kSkipQuad1Tiles) && quad == 1 && gs >= 2)) {
-      q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
-      q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
-    }
+    q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
+    q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
     if (qi == 0) {
       kv_copier.copy(k.k_tile(sg, quad), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
       kv_copier.copy(k.v_tile(sg, quad), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);
@@ -396,10 +349,6 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
   load_step(0);
   dev::cp_async_commit();
 
-  // Phases of a step (timing experiment, see phase_timer.cuh): own tiles wait, tiles barrier, next
-  // loads, S^T and dP^T, P and dS, dV and dK, dS stores (with the DS_FREE wait), quad barrier, dQ
-  // part (with DQ_FREE), and the previous step's DONE_Q hand-over and group end.
-  dev::PhaseTimer<BwdConfig<D>::kMathWarps, 10> phases(warp, lane);
   // The key mask of a group's rows, fetched one group ahead.
   auto attended = [&](int sg, int r) {
     const int s = sg * G + quad;
@@ -411,7 +360,6 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
   float dk[DT][4], dv[DT][4];  // 16 keys x D per warp, this quad's slice
 
   for (int gs = 0; gs < k.steps; ++gs) {
-    phases.mark(9);  // the previous step's hand-over and group end
     const int st = gs & 1, sg = k.group_of(gs), qi = k.query_tile_of(gs);
     if (qi == 0) {
 #pragma unroll
@@ -433,12 +381,9 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
     const uint8_t* tBias = k.sBias + st * L::kBiasBytes;
     dev::cp_async_wait<0>();
     if constexpr (kWg > 0) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
-    phases.mark(0);
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
-    phases.mark(1);
-    if (gs + 1 < k.steps && !(skips(a, kSkipTileLoads) && gs >= 1)) load_step(gs + 1);
+    if (gs + 1 < k.steps) load_step(gs + 1);
     dev::cp_async_commit();
-    phases.mark(2);
 
     // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row): K, V, Q, dO K-major for
     // S^T and dP^T (a k16 step: + 2 in the descriptor), Q, dO, K MN-major for dV, dK, dQ (+ 64);
@@ -452,14 +397,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp (wgmma: the quad's 64 keys).
     float sT[QT][4], dpT[QT][4];
-    // (timing experiment: quad 1 leaves the tensor cores and the exponential unit to quad 0)
-    [[maybe_unused]] const bool idle1 = quad == 1 && skips(a, kSkipQuad1Units);
-    if (kWg > 0 && idle1) {
-#pragma unroll
-      for (int nt = 0; nt < QT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sT[nt][e] = dpT[nt][e] = 0.f;
-    } else if constexpr (kWg > 0) {
+    if constexpr (kWg > 0) {
       float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(sT);
       float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dpT);
       dev::wgmma_fence();
@@ -496,7 +434,6 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       }
     }
 
-    phases.mark(3);
     // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
     // 16-bit bias by ldmatrix.x4.trans: S^T pairs of n-tiles nt, nt + 1 (loaded at even nt).
     // Not at D = 128, whose registers are all taken (the extra four spill).
@@ -519,13 +456,12 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
           bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
         }
         const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
-        const float p = attend[r] ? (skips(a, kSkipExp) || idle1 ? x : dev::exp2_approx(x)) : 0.f;
+        const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
         sT[nt][e] = p;
         dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
       }
     }
 
-    phases.mark(4);
     // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
     // wgmma: issued here, run while the dS^T tiles are stored, waited for with dQ's.
     if constexpr (kWg > 0) {
@@ -537,7 +473,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       }
       dev::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < (idle1 ? 0 : BQ / 16); ++kk) {
+      for (int kk = 0; kk < BQ / 16; ++kk) {
         dev::WgmmaN32RS<T, 1>::run(dv_flat, pa[kk], descO + 64 * kk, 1);
         dev::WgmmaN32RS<T, 1>::run(dk_flat, sa[kk], descQ + 64 * kk, 1);
       }
@@ -560,13 +496,12 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       }
     }
 
-    phases.mark(5);
     // dS^T to shared memory: fp32 for the helper's dbias sum (once it has read the last step's),
     // 16-bit for this quad's dQ = dS K.
     if (k.part) {
       if (gs > 0) dev::bar_sync(kBarDsFree, B::kWith);
 #pragma unroll
-      for (int nt = 0; nt < (skips(a, kSkipDsfStores) ? 0 : QT); ++nt)
+      for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) =
@@ -580,9 +515,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
         *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) =
             Mma::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
     if constexpr (kWg == 2) dev::fence_proxy_async();  // the dS^T stores, visible to wgmma
-    phases.mark(6);
     dev::bar_sync(kBarQuad + quad, 128);  // the quad's dS^T tile is complete
-    phases.mark(7);
 
     // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[dst]
     // once the dQ warps have added what it held kDqStages steps ago.
@@ -620,7 +553,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       const int qg = wq % 2;
       float dq[U][2][4] = {};  // [unit][n8 half][fragment]: 16 queries x 16 d a unit
 #pragma unroll
-      for (int kk = 0; kk < (skips(a, kSkipDqPart) ? 0 : BK / 16); ++kk) {
+      for (int kk = 0; kk < BK / 16; ++kk) {
         uint32_t sa[4];
         dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                qg * 2 + ((lane >> 3) & 1)));
@@ -640,7 +573,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
           for (int r = 0; r < 2; ++r)
             *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
                 make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
-    } else if (dq_warp && !skips(a, kSkipDqPart)) {
+    } else if (dq_warp) {
 #pragma unroll
       for (int u = 0; u < kDqUnitsPerWarp; ++u) {
         const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);
@@ -667,7 +600,6 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       dev::wgmma_fence_operands(dk_flat);
       dev::wgmma_fence_operands(dv_flat);
     }
-    phases.mark(8);
     dev::bar_arrive(kBarDoneQ + dst, B::kWith1);  // sDq[dst] handed over
 
     // A group's last step: dK = scale * dS^T Q and dV are complete for this slice.
@@ -689,7 +621,6 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       }
     }
   }
-  if (k.is_traced()) phases.print("backward", k.kb, warp, k.steps);
 }
 
 template <class T, class BiasT, int D, int C>
@@ -771,11 +702,7 @@ cudaError_t launch_backward_preprocess(const BwdArgs& a, bool fp16, int head_dim
 cudaError_t launch_backward_reduce(const BwdArgs& a, bool fp16, int head_dim,
                                    cudaStream_t stream);
 
-cudaError_t launch_backward(const BwdArgs& args, bool fp16, int head_dim, cudaStream_t stream) {
-  BwdArgs a = args;
-#if TPF_EXPERIMENT_PHASES
-  if (const char* skip = std::getenv("TPF_BWD_SKIP")) a.experiment = std::atoi(skip);
-#endif
+cudaError_t launch_backward(const BwdArgs& a, bool fp16, int head_dim, cudaStream_t stream) {
   const BwdPlan plan = plan_backward(a.dims, head_dim);
   cudaError_t e = launch_backward_preprocess(a, fp16, head_dim, stream);
   if (e != cudaSuccess) return e;

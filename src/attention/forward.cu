@@ -9,7 +9,6 @@
 #include "common/kernel_attrs.h"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
-#include "dev/phase_timer.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tma_maps.h"
@@ -122,9 +121,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
   const int q0 = blockIdx.x * BQ, s = blockIdx.y;
   const int b = blockIdx.z / a.dims.H, h = blockIdx.z % a.dims.H;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // Phases (timing experiment, see phase_timer.cuh), per tile: barrier + next loads, QK^T +
-  // mask + bias, row max, exponentials + rescale, PV; per block: 5 the prologue, 6 the outputs.
-  dev::PhaseTimer<Cfg::kWarps, 7> phases(warp, lane);
 
   const T* gQ = slice_ptr<T>(a.q, b, s, h);
   const T* gK = slice_ptr<T>(a.k, b, s, h);
@@ -237,7 +233,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
   auto k_desc = [&](int st, int ks) { return dev::wgmma_desc_advance(k_desc0, st * BK * D * 2 + 32 * ks); };
   auto v_desc = [&](int st, int kk) { return dev::wgmma_desc_advance(v_desc0, (st * BK + kk * 16) * D * 2); };
 
-  phases.mark(5);
   // wgmma: P of the previous tile, packed; its PV runs on the tensor cores during this tile's
   // bias, mask and softmax work (issued with this tile's QK^T, waited for before the rescale).
   uint32_t pa_prev[kWgmma ? BK / 16 : 1][4];
@@ -323,7 +318,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
       mask_dst[((j + 1) % Cfg::kStages) * Mask::kFloats] = mask_value(mask_ahead);
       mask_ahead = mask_byte();
     }
-    phases.mark(0);
     if constexpr (kWgmma) {
       dev::wgmma_wait<1>();  // QK^T done; the previous tile's PV may still run
       dev::wgmma_fence_operands(reinterpret_cast<float(&)[NT * 4]>(sc));
@@ -370,7 +364,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(tile_max[r], fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-    phases.mark(1);
     // Online softmax, two rows per thread, reduced across the quad of lanes sharing a row.
     float alpha[2], neg_base[2];
 #pragma unroll
@@ -383,7 +376,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
       neg_base[r] = -base * to_log2;
       m[r] = m_new;
     }
-    phases.mark(2);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -402,7 +394,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
       for (int dt = 0; dt < DT; ++dt) o[dt][e] *= alpha[e / 2];
     }
 
-    phases.mark(3);
     // O += P V, P straight from registers as the A operand.
     if constexpr (kWgmma) {  // issued with the next tile's QK^T, or after the loop
 #pragma unroll
@@ -425,7 +416,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
         }
       }
     }
-    phases.mark(4);
   }
   if constexpr (kWgmma) {  // the last tile's PV
     if constexpr (kTma) {
@@ -473,9 +463,6 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
       a.lse[idx] = l > 0.f ? m[r] * unit + logf(l) : (l == 0.f ? INFINITY : NAN);
     }
   }
-  phases.mark(6);
-  if (warp == 0 && blockIdx.z == 0 && blockIdx.y % 100 == 7 && (blockIdx.x == 5 || blockIdx.x == 6))
-    phases.print("forward", blockIdx.x + 100 * blockIdx.y, warp, n_tiles);
 }
 
 // The TMA maps of a call (attention/tma_maps.h), or false where the kernel loads with cp.async.

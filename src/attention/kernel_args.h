@@ -54,8 +54,6 @@ struct BwdArgs {
   int chunks = 1;               // slice chunks (dbias partials)
   int groups_per_chunk = 1;     // slice groups of BwdConfig::kSlices per chunk
   int part_rows = 0, part_cols = 0;  // Nk = N rounded up to kBlockK, Nq = N rounded up to kBlockQ
-  int experiment = 0;  // timing experiments only (TPF_EXPERIMENT_PHASES builds, env TPF_BWD_SKIP):
-                       //   the parts of the backward to skip, backward.cu's BwdSkip bits
 };
 
 }  // namespace tpf::attn

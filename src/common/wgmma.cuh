@@ -111,7 +111,7 @@ struct WgmmaN32RS<__half, kTransB> {
 #undef TPF_WGMMA_M64N32K16_RS
 
 // D (+)= A B, both operands from shared memory, for 64 x N x 16 steps with N = 64 (32
-// accumulators) or 32 (16): the attention backward's S^T, dP^T (and dQ, TPF_BWD_WGMMA_D32=2).
+// accumulators) or 32 (16): the attention backward's S^T, dP^T (and dQ, which measured slower).
 #define TPF_WGMMA_M64N64K16_SS(TYPE) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
