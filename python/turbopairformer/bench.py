@@ -732,7 +732,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--n", default="128,256,384,512,640,768,1024,1536,2048")
+    ap.add_argument(
+        "--n",
+        default=None,
+        help="N list (default: 128,...,2048; with --pairformer 256,384,512,640,768,1024; with "
+        "--breakdown 768)",
+    )
     ap.add_argument("--d", default="16,32")
     ap.add_argument(
         "--trimul-n", default=None, help="N list for the multiplicative update (default: --n)"
@@ -805,7 +810,10 @@ def main(argv=None):
         write_floor_table(rows, out, gpu)
         print(f"written {out}/trimul_accuracy.md")
         return
-    Ns = [int(x) for x in args.n.split(",")]
+    default_n = "128,256,384,512,640,768,1024,1536,2048"
+    if args.pairformer:
+        default_n = "768" if args.breakdown else "256,384,512,640,768,1024"
+    Ns = [int(x) for x in (args.n or default_n).split(",")]
     command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.pairformer:
         from . import bench_pairformer

@@ -10,7 +10,8 @@ pair dropout 0.25 (training mode), B = 1, 5% padded tokens, bf16 autocast with f
 block per activation checkpoint in the stack. Backends: ours (turbopairformer.PairformerBlock),
 OpenFold3's block in plain PyTorch (turbopairformer.reference) and, when importable, that block
 wired to cuEquivariance's kernels as OpenFold3 wires them (fp32 weights), and with bf16 weights
-(its Hopper multiplicative-update kernels); all load the same weights. Measures: median
+(its Hopper multiplicative-update kernels), and with trifast's attention kernel; all load the
+same weights. Measures: median
 CUDA-event time, peak extra memory, the relative error over valid pairs against an fp32 run of
 the plain-PyTorch block (same weights, no autocast), and whether two backward passes give
 bitwise-identical parameter gradients (dropout off for that check).
@@ -33,7 +34,12 @@ def _backends():
     """name -> (block factory, stack factory), or the reason the backend is unavailable. Every
     factory takes OpenFold3's configuration by default; weights are loaded afterwards."""
     from .pairformer import PairformerBlock, PairformerStack
-    from .reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack, wire_cuequivariance
+    from .reference import (
+        OpenFold3PairFormerBlock,
+        OpenFold3PairFormerStack,
+        wire_cuequivariance,
+        wire_trifast,
+    )
 
     b = {
         "turbopairformer": (PairformerBlock, PairformerStack),
@@ -63,6 +69,16 @@ def _backends():
         b["cuequivariance"] = (
             "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
         )
+    try:
+        import trifast  # noqa: F401
+
+        def tri(cls):
+            return lambda **kw: wire_trifast(cls(**kw))
+
+        # its attention kernel inside the plain-PyTorch block (run it with --modes compile)
+        b["trifast"] = (tri(OpenFold3PairFormerBlock), tri(OpenFold3PairFormerStack))
+    except ImportError:
+        b["trifast"] = "not installed: pip install trifast"
     return b
 
 
@@ -271,6 +287,65 @@ def write(rows, out_dir: Path, gpu: str, command: str):
             ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     (out_dir / "pairformer.md").write_text("\n".join(lines) + "\n")
+    try:
+        plot(rows, out_dir)
+    except Exception as e:  # noqa: BLE001 - the plot is optional (matplotlib)
+        print(f"plot skipped: {e}", file=sys.stderr)
+
+
+def plot(rows, out_dir: Path):
+    """pairformer.png: block time, 4-block step time and block memory against N, one line per
+    backend and mode, and our speedup over each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "status" not in r]
+    if not ok:
+        return
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
+    axes = axes.ravel()
+    lines = sorted({(r["backend"], r["mode"]) for r in ok})
+    backends = list(dict.fromkeys(b for b, _ in lines))
+    ours = {(r["mode"], r["N"]): r for r in ok if r["backend"] == "turbopairformer"}
+    for backend, mode in lines:
+        pts = sorted((r["N"], r) for r in ok if r["backend"] == backend and r["mode"] == mode)
+        Ns = [n for n, _ in pts]
+        style = {
+            "color": f"C{backends.index(backend)}",
+            "marker": "o" if backend == "turbopairformer" else "s",
+            "linestyle": "-" if mode == "eager" else "--",
+            "lw": 2.2 if backend == "turbopairformer" else 1.2,
+            "label": f"{backend} {mode}",
+        }
+        axes[0].plot(Ns, [r["block_fwd_bwd_ms"] for _, r in pts], **style)
+        axes[1].plot(Ns, [r["stack4_step_ms"] for _, r in pts], **style)
+        axes[2].plot(Ns, [r["block_peak_gib"] for _, r in pts], **style)
+        sp = [
+            (n, r["block_fwd_bwd_ms"] / ours[(mode, n)]["block_fwd_bwd_ms"])
+            for n, r in pts
+            if (mode, n) in ours
+        ]
+        if sp and backend != "turbopairformer":
+            axes[3].plot([n for n, _ in sp], [x for _, x in sp], **style)
+    axes[3].axhline(1.0, color="k", lw=0.8)
+    titles = (
+        "one block, forward + backward (ms)",
+        "4-block stack, AdamW step (ms)",
+        "one block, peak memory (GiB)",
+        "our speedup, one block, same mode\n(their time / ours; above 1: we are faster)",
+    )
+    for ax, title in zip(axes, titles):
+        ax.set_xlabel("N")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.suptitle("Pairformer training step")
+    fig.tight_layout()
+    fig.savefig(out_dir / "pairformer.png", dpi=100)
+    plt.close(fig)
 
 
 PAIR_PARTS = ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "pair_transition")

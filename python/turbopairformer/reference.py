@@ -52,6 +52,14 @@ class OpenFold3TriangleAttention(torch.nn.Module):
                 mask=mask.bool()[..., :, None, None, :],
                 scale=1.0 / math.sqrt(self.c_hidden),
             ).transpose(-2, -3)
+        elif getattr(self, "kernels", None) == "trifast":  # [B, H, S, N, c]; mask True = masked
+            from trifast import triangle_attention as trifast_attention
+
+            def t(x):
+                return x.transpose(-3, -4).contiguous()
+
+            o = trifast_attention(t(q), t(k), t(v), tri_bias[:, 0], ~mask.bool())
+            o = o.transpose(-3, -4).transpose(-2, -3)
         else:
             q = q / math.sqrt(self.c_hidden)
             a = torch.softmax(q @ k.transpose(-1, -2) + mask_bias + tri_bias, dim=-1)
@@ -238,4 +246,13 @@ def wire_cuequivariance(module: torch.nn.Module) -> torch.nn.Module:
     for m in module.modules():
         if isinstance(m, (OpenFold3TriangleAttention, OpenFold3TriangleMultiplicativeUpdate)):
             m.kernels = "cuequivariance"
+    return module
+
+
+def wire_trifast(module: torch.nn.Module) -> torch.nn.Module:
+    """Routes every triangle attention of an OpenFold3 reference module to trifast's Triton
+    kernel (the multiplicative updates stay plain PyTorch); returns the module."""
+    for m in module.modules():
+        if isinstance(m, OpenFold3TriangleAttention):
+            m.kernels = "trifast"
     return module

@@ -180,6 +180,7 @@ def test_pairformer_report_files(tmp_path):
         },
         {"backend": "pytorch", "mode": "compile", "N": 1024, "status": "out of memory"},
     ]
+    rows.insert(1, dict(rows[0], backend="pytorch", block_fwd_bwd_ms=30.0))
     bench_pairformer.write(
         rows, tmp_path, "Fake GPU", "python -m turbopairformer.bench --pairformer"
     )
@@ -190,9 +191,45 @@ def test_pairformer_report_files(tmp_path):
     )
     assert "| pytorch | compile | 1024 | out of memory |" in md
     assert (
-        json.loads((tmp_path / "pairformer.json").read_text())["rows"][1]["status"]
+        json.loads((tmp_path / "pairformer.json").read_text())["rows"][2]["status"]
         == "out of memory"
     )
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "pairformer.png").stat().st_size > 10_000
+
+
+def test_trifast_wiring_matches_the_plain_reference_block(monkeypatch):
+    """The reference block wired to trifast, with trifast's documented layout (q, k, v
+    [B, H, S, N, D], bias [B, H, N, N], mask [B, S, N] with True = masked, 1/sqrt(D) inside)
+    played by plain PyTorch: same output as the unwired block, so the wiring's transposes are
+    right."""
+    import sys
+    import types
+
+    import torch
+
+    from turbopairformer.reference import OpenFold3PairBlock, wire_trifast
+
+    def fake(q, k, v, bias, mask):
+        s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias[:, :, None]
+        s = s.masked_fill(mask[:, None, :, None, :], -1e9)  # as the reference masks
+        return torch.softmax(s, -1) @ v
+
+    monkeypatch.setitem(sys.modules, "trifast", types.SimpleNamespace(triangle_attention=fake))
+    torch.manual_seed(0)
+    ref = OpenFold3PairBlock(16, 16, 8, 2, 2, pair_dropout=0.0).double().eval()
+    wired = wire_trifast(OpenFold3PairBlock(16, 16, 8, 2, 2, pair_dropout=0.0).double().eval())
+    wired.load_state_dict(ref.state_dict())
+    z = torch.randn(1, 6, 6, 16, dtype=torch.float64)
+    mask = torch.ones(1, 6, 6, dtype=torch.float64)
+    mask[:, :, 4:] = 0
+    mask[:, 4:] = 0
+    # over valid pairs: padded rows differ by design (the reference's additive -1e9 mask gives a
+    # fully masked row the unmasked softmax, the fake a uniform one), and never reach valid ones
+    torch.testing.assert_close(wired(z, mask)[:, :4, :4], ref(z, mask)[:, :4, :4])
 
 
 def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
