@@ -753,6 +753,13 @@ def main(argv=None):
         help="only the multiplicative update's accuracy against FP64 (on the GPU) at these N",
     )
     ap.add_argument(
+        "--attention-accuracy",
+        metavar="N_LIST",
+        default=None,
+        help="only triangle attention's accuracy on peaked softmax rows (logit std 1-8, dominant "
+        "keys), ours with and without compensation and the peers, at these N and --d",
+    )
+    ap.add_argument(
         "--pairformer",
         action="store_true",
         help="only the Pairformer training step (one block, and a 4-block stack with AdamW), "
@@ -809,6 +816,18 @@ def main(argv=None):
         rows = trimul_floor_table([int(n) for n in args.trimul_accuracy.split(",")])
         write_floor_table(rows, out, gpu)
         print(f"written {out}/trimul_accuracy.md")
+        return
+    if args.attention_accuracy:
+        from . import bench_accuracy
+
+        out = _out_dir(args.out, gpu)
+        command = "python -m turbopairformer.bench " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        Ns = [int(n) for n in args.attention_accuracy.split(",")]
+        rows = bench_accuracy.table(Ns, [int(d) for d in args.d.split(",")])
+        bench_accuracy.write(rows, out, gpu, command)
+        print(f"written {out}/attention_accuracy_peaked.md")
         return
     default_n = "128,256,384,512,640,768,1024,1536,2048"
     if args.pairformer:

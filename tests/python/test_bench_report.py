@@ -261,3 +261,25 @@ def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
     row = bp.measure("turbopairformer", "eager", 3, weights, iters=1)
     assert row["grads_bitwise_repeatable"] and row["z_rel_err_vs_fp32"] < 1e-5
     assert {"block_fwd_bwd_ms", "stack4_step_ms", "s_rel_err_vs_fp32"} <= set(row)
+
+
+def test_peaked_accuracy_table_on_cpu(tmp_path):
+    """bench --attention-accuracy's table on the CPU: every input kind and backend gets a row
+    (missing peers with their reason), our CPU path (the FP64 reference, rounded once to bf16)
+    sits at the bf16 floor, and the peaked inputs are peaked."""
+
+    from turbopairformer import bench_accuracy as ba
+
+    q, k, v, bias, mask, dout = ba.peaked_inputs(16, 16, 8.0, device="cpu")
+    logits = q.double() @ k.double().transpose(-1, -2) / 4.0 + bias.double()
+    assert 6.0 < logits.std().item() < 10.0
+    _, _, _, dom, _, _ = ba.peaked_inputs(16, 16, "dominant", device="cpu")
+    assert ((dom.double() > 5).sum(-1) >= 3).float().mean() > 0.9  # ~4 dominant keys a row
+    rows = ba.table([7], [16], device="cpu")
+    assert len(rows) == 5 * len(ba._backends())
+    ours = [r for r in rows if r["backend"] == "turbopairformer" and r["status"] == "ok"]
+    assert len(ours) == 5 and all(r["out"]["ratio"] <= 1.5 for r in ours)
+    ba.write(rows, tmp_path, "Fake GPU", "python -m turbopairformer.bench --attention-accuracy 7")
+    md = (tmp_path / "attention_accuracy_peaked.md").read_text()
+    assert "| 7 | 16 | logit std 8 | turbopairformer, no compensation |" in md
+    assert "dominant" in md and "pytorch_sdpa" in md
