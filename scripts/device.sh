@@ -17,6 +17,7 @@
 #   scripts/device.sh head-dims [DIR]         our attention at every head dim, padded and native
 #   scripts/device.sh pairformer [DIR] [N]    the Pairformer training step, ours and plain PyTorch
 #   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
+#   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
 #
 # PyTorch comes from the machine's python3. wheel-test links its site-packages into the fresh
 # environment, as a user's existing PyTorch would be; TPF_VENV=DIR keeps that environment at DIR,
@@ -122,11 +123,14 @@ PY
   pairformer)
     "$PY" -m turbopairformer.bench --pairformer --n "${2:-384,768}" --out "${1:-bench/results/h200}"
     ;;
+  peaked-accuracy)
+    "$PY" -m turbopairformer.bench --attention-accuracy "${2:-256,384}" --d 16,32 --out "${1:-bench/results/h200}"
+    ;;
   breakdown)
     "$PY" -m turbopairformer.bench --pairformer --breakdown --n "${2:-768}" --out "${1:-bench/results/h200}"
     ;;
   -h|--help|"")
-    sed -n 2,23p "$0"
+    sed -n 2,24p "$0"
     ;;
   *)
     echo "scripts/device.sh: unknown command '$cmd' (see --help)" >&2; exit 2
