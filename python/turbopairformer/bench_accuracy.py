@@ -13,11 +13,12 @@ unit inputs plus 8 on 4 random keys of every bias row.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
+
+from ._results import write_tables
 
 LOGIT_STDS = (1.0, 2.0, 4.0, 8.0)
 DOMINANT_KEYS, DOMINANT_BOOST = 4, 8.0
@@ -121,15 +122,7 @@ def _measure(backend, inputs, refs, floors):
 
 
 def write(rows, out_dir: Path, gpu: str, command: str):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "attention_accuracy_peaked.json").write_text(
-        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
-    )
     lines = [
-        f"# Triangle attention accuracy on peaked softmax rows ({gpu})",
-        "",
-        f"`{command}`",
-        "",
         __doc__.split("\n\n", 2)[2].strip(),
         "",
         "Each cell: the ratio of the relative RMSE to the bf16 floor (1 = the floor); the best of "
@@ -160,4 +153,12 @@ def write(rows, out_dir: Path, gpu: str, command: str):
             + " | ".join(cells)
             + f" | {r['status']} |"
         )
-    (out_dir / "attention_accuracy_peaked.md").write_text("\n".join(lines) + "\n")
+    write_tables(
+        out_dir,
+        "attention_accuracy_peaked",
+        gpu,
+        command,
+        rows,
+        "Triangle attention accuracy on peaked softmax rows",
+        lines,
+    )

@@ -19,13 +19,14 @@ bitwise-identical parameter gradients (dropout off for that check).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from ._results import write_tables
 
 PAD = 0.05
 
@@ -254,15 +255,7 @@ COLUMNS = (
 
 
 def write(rows, out_dir: Path, gpu: str, command: str):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "pairformer.json").write_text(
-        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
-    )
     lines = [
-        f"# Pairformer training step ({gpu})",
-        "",
-        f"`{command}`",
-        "",
         __doc__.split("\n\n", 2)[2].strip(),
         "",
         "| " + " | ".join(COLUMNS) + " |",
@@ -286,7 +279,7 @@ def write(rows, out_dir: Path, gpu: str, command: str):
                 r["first_call_s"],
             ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    (out_dir / "pairformer.md").write_text("\n".join(lines) + "\n")
+    write_tables(out_dir, "pairformer", gpu, command, rows, "Pairformer training step", lines)
     try:
         plot(rows, out_dir)
     except Exception as e:  # noqa: BLE001 - the plot is optional (matplotlib)
@@ -434,15 +427,7 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10):
                 print(f"{name} N={N} {part}: {ms:.2f} ms", file=sys.stderr, flush=True)
             del blk
             torch.cuda.empty_cache()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "pairformer_breakdown.json").write_text(
-        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
-    )
     lines = [
-        f"# Pair-track modules, forward + backward ({gpu})",
-        "",
-        f"`{command}`",
-        "",
         "Each module of one pair block alone, eager, bf16 autocast with fp32 weights, training "
         "mode, B = 1, 5% padded tokens. ms: median CUDA-event time of a step; the kernel columns "
         "split the profiler's CUDA time into our kernels (tpf::) and every other kernel.",
@@ -459,4 +444,12 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10):
         lines += ["", f"Top kernels of the {name} pair block at N = {N} (ms per step):", ""]
         lines += ["| kernel | ms |", "|---|---|"]
         lines += [f"| `{k[:90]}` | {ms:.3f} |" for k, ms in top]
-    (out_dir / "pairformer_breakdown.md").write_text("\n".join(lines) + "\n")
+    write_tables(
+        out_dir,
+        "pairformer_breakdown",
+        gpu,
+        command,
+        rows,
+        "Pair-track modules, forward + backward",
+        lines,
+    )

@@ -1,0 +1,16 @@
+"""The results files every bench table writes: <stem>.json (gpu, command, rows) and <stem>.md
+(a title with the GPU, the command that made it, then the table's own lines)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_tables(out_dir: Path, stem: str, gpu: str, command: str, rows, title: str, lines):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(
+        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
+    )
+    head = [f"# {title} ({gpu})", "", f"`{command}`", ""]
+    (out_dir / f"{stem}.md").write_text("\n".join(head + list(lines)) + "\n")
