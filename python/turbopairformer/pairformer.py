@@ -55,6 +55,8 @@ class SwiGLUTransition(nn.Module):
         # two GEMMs, not one stacked: silu and the product then run on contiguous halves,
         # which PyTorch's elementwise kernels vectorise (pairformer_breakdown.md)
         x = self.layer_norm(x)
+        if torch.is_autocast_enabled(x.device.type):  # one low-precision copy for both GEMMs to
+            x = x.to(torch.get_autocast_dtype(x.device.type))  # save (autocast casts per GEMM)
         x = self.linear_out(F.silu(self.swiglu.linear_a(x)) * self.swiglu.linear_b(x))
         return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
 

@@ -199,3 +199,29 @@ def test_nan_in_a_valid_pair_is_not_hidden_by_the_block():
     z[0, 1, 2, 3] = float("nan")
     so, zo = block(s, z, sm, pm)
     assert torch.isnan(zo).any() and torch.isnan(so).any()
+
+
+def _saved_storages(fn):
+    """(dtype, number of elements) of each distinct storage autograd saves for fn()'s backward."""
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = (t.dtype, st.nbytes() // t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return list(seen.values())
+
+
+def test_transition_saves_one_low_precision_copy_of_its_layer_norm_output():
+    """Under autocast each nn.Linear would cast (and save) its own bf16 copy of the LayerNorm
+    output; the transition casts once for both up projections, so one [N, N, C] bf16 tensor is
+    saved, not two (151 MB at N = 768)."""
+    N, C = 16, 32
+    x = torch.randn(1, N, N, C, requires_grad=True)
+    m = tpf.SwiGLUTransition(C, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        saved = _saved_storages(lambda: m(x, torch.ones(1, N, N)))
+    assert saved.count((torch.bfloat16, N * N * C)) == 1, saved
