@@ -52,6 +52,8 @@ def _joined(grads, widths, shape, like: torch.Tensor) -> torch.Tensor:
     offset = 0
     for g, w in zip(grads, widths):
         part = dy[..., offset : offset + w]
+        if g is not None and g.dim() > part.dim():  # a split output: [*, h, c] for width h c
+            part = part.unflatten(-1, g.shape[part.dim() - 1 :])
         if g is None:
             part.zero_()
         else:
@@ -64,7 +66,7 @@ def _joined(grads, widths, shape, like: torch.Tensor) -> torch.Tensor:
 
 class _NormLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ln_w, ln_b, eps, w, b, widths):
+    def forward(ctx, x, ln_w, ln_b, eps, w, b, widths, splits):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             C = x.shape[-1]
@@ -74,11 +76,7 @@ class _NormLinear(torch.autograd.Function):
             y = F.linear(a, w.to(cd), None if b is None else b.to(cd))  # [*, P]
         ctx.save_for_backward(x, mean, rstd, ln_w, ln_b, a, w)
         ctx.widths, ctx.has_bias, ctx.y_shape = widths, b is not None, y.shape
-        outs, offset = [], 0
-        for width in widths:
-            outs.append(y[..., offset : offset + width])
-            offset += width
-        return tuple(outs)
+        return _column_blocks(y, widths, splits)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -96,7 +94,7 @@ class _NormLinear(torch.autograd.Function):
             ln_b,
             [True, ln_w is not None, ln_b is not None],
         )
-        return dx, dln_w, dln_b, None, dw, db, None
+        return dx, dln_w, dln_b, None, dw, db, None, None
 
 
 def _stacked(layers, pad_to: int):
@@ -115,20 +113,30 @@ def _stacked(layers, pad_to: int):
     return w, b
 
 
+def _column_blocks(y, widths, splits):
+    """Consecutive column blocks of y as views, each [*, width] or, with a split (h, c) for it,
+    [*, h, c]."""
+    outs, offset = [], 0
+    for width, split in zip(widths, splits):
+        block = y[..., offset : offset + width]
+        outs.append(block if split is None else block.unflatten(-1, split))
+        offset += width
+    return tuple(outs)
+
+
 def norm_linear(
-    x: torch.Tensor, norm: nn.LayerNorm, layers, pad_to: int = 1
+    x: torch.Tensor, norm: nn.LayerNorm, layers, pad_to: int = 1, splits=None
 ) -> tuple[torch.Tensor, ...]:
     """layer(norm(x)) for each layer, as views of one [*, sum of widths (+ pad)] result whose
-    rows start 16-byte aligned when pad_to makes them so."""
+    rows start 16-byte aligned when pad_to makes them so. splits: per layer None or (h, c), to
+    get that output as [*, h, c] (a gradient that arrives strided in that shape is then copied
+    once, where a split of the output outside would first materialise it)."""
     w, b = _stacked(layers, pad_to)
     widths = tuple(l.out_features for l in layers)
+    splits = tuple(splits) if splits is not None else (None,) * len(layers)
     if torch.compiler.is_compiling():  # inductor fuses the plain ops and chooses what to save
-        y, outs, offset = F.linear(norm(x), w, b), [], 0
-        for width in widths:
-            outs.append(y[..., offset : offset + width])
-            offset += width
-        return tuple(outs)
-    return _NormLinear.apply(x, norm.weight, norm.bias, norm.eps, w, b, widths)
+        return _column_blocks(F.linear(norm(x), w, b), widths, splits)
+    return _NormLinear.apply(x, norm.weight, norm.bias, norm.eps, w, b, widths, splits)
 
 
 class _GatedLinear(torch.autograd.Function):

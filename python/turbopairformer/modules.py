@@ -69,13 +69,13 @@ class TriangleAttention(nn.Module):
         H, c = self.no_heads, self.c_hidden
         m = self.mha
         layers = (m.linear_q, m.linear_k, m.linear_v, m.linear_g, self.linear_z)
-        *qkvg, zb = norm_linear(x, self.layer_norm, layers, 8)  # views of one [B, I, J, P]
+        # q, k, v, g: [B, I, J, H, c], zb: [B, I, J, H], views of one [B, I, J, P]
+        q, k, v, g, zb = norm_linear(x, self.layer_norm, layers, 8, [(H, c)] * 4 + [None])
         # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
         # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views.
         order, back = (
             ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if starting else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
         )
-        q, k, v, g = (t.unflatten(-1, (H, c)) for t in qkvg)
         q, k, v = (t.permute(order) for t in (q, k, v))
         # bias[b, h, q, k] = z[q, k, h] (starting) or z[k, q, h] (ending): [B, 1, H, N, N],
         # contiguous so that the kernel streams it with vector loads (H N^2 values)

@@ -81,7 +81,7 @@ class AttentionPairBias(nn.Module):
         H, c = self.no_heads, self.c_hidden
         m = self.mha
         layers = (m.linear_q, m.linear_k, m.linear_v, m.linear_g)
-        q, k, v, g = (t.unflatten(-1, (H, c)) for t in norm_linear(a, self.layer_norm_a, layers, 8))
+        q, k, v, g = norm_linear(a, self.layer_norm_a, layers, 8, [(H, c)] * 4)  # [B, N, H, c]
         q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # [B, 1, H, N, c]
         (zb,) = norm_linear(z, self.layer_norm_z, (self.linear_z,))  # [B, N, N, H]
         bias = zb.permute(0, 3, 1, 2).unsqueeze(1).contiguous()

@@ -101,3 +101,31 @@ def test_gated_linear_matches_sigmoid_gate_then_linear(device, amp, rtol, atol, 
             return lin((torch.sigmoid(g) * o.transpose(1, 2)).flatten(-2))
 
     _check(fused, plain, [g, o], list(lin.parameters()), rtol, atol)
+
+
+@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
+def test_norm_linear_split_outputs_take_strided_gradients(device, amp, rtol, atol):
+    """Outputs split to [*, h, c] and used through a permutation (as the attention kernel reads
+    q, k, v): the same values and gradients as the plain ops."""
+    dtype = torch.float64 if amp is None else torch.float32
+    norm, lins = _layers(16, (12, 12, 2), False, dtype, seed=4)
+    norm, lins = norm.to(device), [l.to(device) for l in lins]
+    x = torch.randn(2, 5, 5, 16, dtype=dtype, device=device).requires_grad_(True)
+    params = [*norm.parameters(), *[l.weight for l in lins]]
+
+    def use(a, b, c):  # a, b: [*, 3, 4] read slice-major; c: [*, 2]
+        return torch.cat([(a.permute(0, 1, 3, 2, 4) * 2).flatten(1), b.flatten(1), c.flatten(1)], 1)
+
+    def fused():
+        with _ctx(device, amp):
+            a, b, c = norm_linear(x, norm, lins, pad_to=8, splits=[(3, 4), (3, 4), None])
+            assert a.shape[-2:] == (3, 4) and c.shape[-1] == 2
+            return use(a.float(), b.float(), c.float())
+
+    def plain():
+        with _ctx(device, amp):
+            y = norm(x)
+            a, b, c = (l(y).float() for l in lins)
+            return use(a.unflatten(-1, (3, 4)), b.unflatten(-1, (3, 4)), c)
+
+    _check(fused, plain, [x], params, rtol, atol)
