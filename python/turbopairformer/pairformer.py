@@ -38,6 +38,16 @@ def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torc
     return x * F.dropout(x.new_ones(shape), p, True)
 
 
+def _add_dropped(z: torch.Tensor, x: torch.Tensor, p: float, training: bool, dim: int):
+    """z + _shared_dropout(x, ...) as one kernel (addcmul), so that the dropped update is never
+    written out; the product is formed in z's precision."""
+    if not training or p == 0.0:
+        return z + x
+    shape = list(x.shape)
+    shape[dim] = 1
+    return torch.addcmul(z, x, F.dropout(x.new_ones(shape), p, True))
+
+
 class SwiGLUTransition(nn.Module):
     """OpenFold3's SwiGLUTransition (AF3 Algorithm 11): LayerNorm, silu(x Wa) * (x Wb), then the
     down projection, times the mask."""
@@ -120,13 +130,13 @@ class PairBlock(nn.Module):
         self.pair_transition = SwiGLUTransition(c_z, transition_n)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        def drop(x, dim):
-            return _shared_dropout(x, self.pair_dropout, self.training, dim)
+        def add(z, x, dim):
+            return _add_dropped(z, x, self.pair_dropout, self.training, dim)
 
-        z = z + drop(self.tri_mul_out(z, pair_mask), -3)
-        z = z + drop(self.tri_mul_in(z, pair_mask), -3)
-        z = z + drop(self.tri_att_start(z, pair_mask), -3)
-        z = z + drop(self.tri_att_end(z, pair_mask), -2)  # column-wise: the transposed rows
+        z = add(z, self.tri_mul_out(z, pair_mask), -3)
+        z = add(z, self.tri_mul_in(z, pair_mask), -3)
+        z = add(z, self.tri_att_start(z, pair_mask), -3)
+        z = add(z, self.tri_att_end(z, pair_mask), -2)  # column-wise: the transposed rows
         return z + self.pair_transition(z, pair_mask)
 
 

@@ -117,6 +117,21 @@ def test_pair_dropout_is_shared_along_rows_and_columns_as_openfold3():
     assert set(rows.unique().tolist()) <= {0.0, 2.0}
 
 
+def test_fused_residual_dropout_is_the_residual_plus_the_shared_dropout():
+    from turbopairformer.pairformer import _add_dropped, _shared_dropout
+
+    z, x = (
+        torch.randn(2, 6, 6, 4, dtype=torch.float64),
+        torch.randn(2, 6, 6, 4, dtype=torch.float64),
+    )
+    for dim in (-3, -2):
+        torch.manual_seed(3)
+        a = _add_dropped(z, x, 0.25, True, dim)
+        torch.manual_seed(3)
+        torch.testing.assert_close(a, z + _shared_dropout(x, 0.25, True, dim))  # (an FMA)
+    assert torch.equal(_add_dropped(z, x, 0.25, False, -3), z + x)
+
+
 def test_training_mode_applies_dropout_and_eval_does_not():
     torch.manual_seed(0)
     block = tpf.PairformerBlock(**SMALL).double()
