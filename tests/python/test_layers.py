@@ -129,3 +129,30 @@ def test_norm_linear_split_outputs_take_strided_gradients(device, amp, rtol, ato
             return use(a.unflatten(-1, (3, 4)), b.unflatten(-1, (3, 4)), c)
 
     _check(fused, plain, [x], params, rtol, atol)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+def test_layers_at_one_pair_and_with_a_nan_row(device):
+    """N = 1 (one pair), and a NaN in one pair's input: that pair's outputs and the gradients
+    that depend on it are NaN, the other pairs' outputs stay finite (nothing hidden, nothing
+    spread)."""
+    norm, lins = _layers(8, (8, 8), True, torch.float32, seed=5)
+    norm, lins = norm.to(device), [l.to(device) for l in lins]
+    out_layer = nn.Linear(8, 8).to(device)
+    for N in (1, 3):
+        x = torch.randn(1, N, N, 8, device=device)
+        if N == 3:
+            x[0, 1, 2, 5] = float("nan")
+        x.requires_grad_(True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            g, o = norm_linear(x, norm, lins, pad_to=8, splits=[(2, 4), (2, 4)])
+            y = gated_linear(g, o, out_layer)
+        assert y.shape == (1, N, N, 8)
+        y.float().sum().backward()
+        bad = torch.isnan(y.float()).any(-1)
+        if N == 1:
+            assert not bad.any() and torch.isfinite(x.grad).all()
+        else:
+            assert bad[0, 1, 2] and bad.sum() == 1
+            assert torch.isnan(x.grad[0, 1, 2]).all() and torch.isfinite(x.grad[0, 0]).all()
+            assert torch.isnan(out_layer.weight.grad).any()  # the NaN pair's gradient reaches W
