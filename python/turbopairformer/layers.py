@@ -9,7 +9,8 @@ PyTorch's per-op temporaries:
 
 These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
 its own kernels and whose saved set its partitioner chooses (with the nodes, a checkpointed
-4-block stack held 16.2 GiB at N = 768 against 11.0: bench/results/h200/pairformer.md).
+4-block stack held 16.2 GiB at N = 768 against 11.0, for no time gained: docs/perf-history.md,
+"The Pairformer modules' PyTorch glue").
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds, and returns fp32 weight gradients for

@@ -63,7 +63,7 @@ class SwiGLUTransition(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         # two GEMMs, not one stacked: silu and the product then run on contiguous halves,
-        # which PyTorch's elementwise kernels vectorise (pairformer_breakdown.md)
+        # which PyTorch's elementwise kernels vectorise (docs/perf-history.md, 2026-12-02)
         x = self.layer_norm(x)
         if torch.is_autocast_enabled(x.device.type):  # one low-precision copy for both GEMMs to
             x = x.to(torch.get_autocast_dtype(x.device.type))  # save (autocast casts per GEMM)
