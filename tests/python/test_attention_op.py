@@ -310,3 +310,36 @@ def test_gpu_padded_head_dims_match_fp64(D):
     assert rel(out, ref) <= 1.6 * floor(ref)
     for x, y in zip(g, gref):
         assert rel(x, y) <= 3.0 * floor(y)
+
+
+def test_outputs_and_gradients_take_the_layout_of_q():
+    """q, k, v as strided views of one [B, S, N, H, 3D] buffer (as TriangleAttention passes
+    them): the output comes back dense in that layout, dq, dk, dv too (torch.empty_like keeps a
+    strided tensor's dim order), so the module's gate and gradient copies run on dense tensors;
+    outputs and gradients match contiguous inputs. An expanded q (stride 0) still gets a
+    head-dim-innermost output."""
+    B, S, H, N, D = 1, 5, 2, 5, 16
+    buf = torch.randn(B, S, N, H, 3 * D, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(B, 1, H, N, N, dtype=torch.float64)
+    dout = torch.randn(B, S, H, N, D, dtype=torch.float64)
+
+    def split(t):
+        return [t[..., i * D : (i + 1) * D].permute(0, 1, 3, 2, 4) for i in range(3)]
+
+    views = split(buf)
+    dense = []
+    for t in views:  # the gradient each view receives is the op's dq, dk or dv
+        t.register_hook(lambda g: dense.append(g.permute(0, 1, 3, 2, 4).is_contiguous()))
+    out = tpf.triangle_attention(*views, bias)
+    assert out.permute(0, 1, 3, 2, 4).is_contiguous()
+    (out * dout).sum().backward()
+    assert dense == [True, True, True]
+    ref_in = [t.detach().contiguous().requires_grad_(True) for t in split(buf)]
+    ref = tpf.triangle_attention(*ref_in, bias)
+    (ref * dout).sum().backward()
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(split(buf.grad), ref_in):
+        torch.testing.assert_close(got, want.grad)
+    expanded = torch.randn(B, 1, H, N, D, dtype=torch.float64).expand(B, S, H, N, D)
+    o2 = tpf.triangle_attention(expanded, *(t.detach().contiguous() for t in split(buf)[1:]), bias)
+    assert o2.stride(-1) == 1
