@@ -311,7 +311,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
   constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (0 at D=16)
   constexpr int kDqUnitsPerWarp = kDqUnits > 0 ? kDqUnits : 1;
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr int kWg = BwdConfig<D>::kWgmma;  // 0 mma.sync, 1 wgmma but dQ, 2 wgmma (tile_config.h)
+  constexpr bool kWg = BwdConfig<D>::kWgmma;  // wgmma for S^T, dP^T, dV, dK (tile_config.h)
   static_assert(!kWg || (D == 32 && BQ == 64 && BK == 64), "the wgmma shapes: 64 x 64 x 32 steps");
   const BwdArgs& a = k.a;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -380,14 +380,13 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
     const float* tDlt = k.sDlt + (st * G + quad) * BQ;
     const uint8_t* tBias = k.sBias + st * L::kBiasBytes;
     dev::cp_async_wait<0>();
-    if constexpr (kWg > 0) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    if constexpr (kWg) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
     if (gs + 1 < k.steps) load_step(gs + 1);
     dev::cp_async_commit();
 
     // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row): K, V, Q, dO K-major for
-    // S^T and dP^T (a k16 step: + 2 in the descriptor), Q, dO, K MN-major for dV, dK, dQ (+ 64);
-    // dS^T MN-major in its 128-byte-swizzled tile (8-row groups 1024 bytes apart, a k16 step + 128).
+    // S^T and dP^T (a k16 step: + 2 in the descriptor), Q, dO MN-major for dV, dK (+ 64).
     [[maybe_unused]] const uint64_t descK = dev::wgmma_desc_rows32(dev::smem_addr(qK));
     [[maybe_unused]] const uint64_t descV = dev::wgmma_desc_rows32(dev::smem_addr(qV));
     [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc_rows32(dev::smem_addr(tQ));
@@ -397,7 +396,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp (wgmma: the quad's 64 keys).
     float sT[QT][4], dpT[QT][4];
-    if constexpr (kWg > 0) {
+    if constexpr (kWg) {
       float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(sT);
       float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dpT);
       dev::wgmma_fence();
@@ -463,8 +462,8 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
     }
 
     // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
-    // wgmma: issued here, run while the dS^T tiles are stored, waited for with dQ's.
-    if constexpr (kWg > 0) {
+    // wgmma: issued here, run while the dS^T tiles are stored, waited for after the dQ part.
+    if constexpr (kWg) {
       uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // unchanged until the wait
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -514,7 +513,6 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) =
             Mma::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
-    if constexpr (kWg == 2) dev::fence_proxy_async();  // the dS^T stores, visible to wgmma
     dev::bar_sync(kBarQuad + quad, 128);  // the quad's dS^T tile is complete
 
     // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[dst]
@@ -525,25 +523,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
     constexpr int DP = L::kDqPitch;
     float* tDq = k.sDq + (dst * G + quad) * BQ * DP;  // [BQ][DP]
     const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
-    if constexpr (kWg == 2) {
-      // dQ = dS K: A = dS^T read MN-major, B = K MN-major; 16 queries x D per warp.
-      const uint64_t descS = dev::wgmma_desc(dev::smem_addr(qdS), 16, 1024, dev::Swizzle::k128B);
-      float dq[DT * 4];
-      dev::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) dev::WgmmaSS<T, D, 1, 1>::run(dq, descS + 128 * kk, descK + 64 * kk, kk > 0);
-      dev::wgmma_commit();
-      dev::wgmma_wait<0>();  // and dV, dK
-      dev::wgmma_fence_operands(dq);
-      dev::wgmma_fence_operands(dk_flat);
-      dev::wgmma_fence_operands(dv_flat);
-#pragma unroll
-      for (int nt = 0; nt < DT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(tDq + (wq * 16 + g + 8 * r) * DP + nt * 8 + 2 * t) =
-              make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
-    } else if constexpr (kDqUnitsPerWarp >= 4) {
+    if constexpr (kDqUnitsPerWarp >= 4) {
       // D = 128: a warp's four units (wq + 4u) share their 16 query rows, so one dS fragment a k16
       // step serves all four: fwd+bwd -8.6 / -9.7% at N = 384 / 768. With two units a warp (D = 32,
       // 64) the unit-by-unit loop below, reloading it, measured faster (D = 32: 6.27 vs 6.52 ms;
@@ -595,7 +575,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
                 make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
       }
     }
-    if constexpr (kWg == 1) {
+    if constexpr (kWg) {
       dev::wgmma_wait<0>();  // dV, dK: their operands' stage is reloaded after the next barrier
       dev::wgmma_fence_operands(dk_flat);
       dev::wgmma_fence_operands(dv_flat);
