@@ -36,13 +36,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _weight_grads(dy: torch.Tensor, a: torch.Tensor, w: torch.Tensor, has_bias: bool):
-    """dW = dyᵀ a in w's dtype, and db = colsum(dy) in at least fp32, then w's dtype (None
-    without bias).
-    dy: [*, O], a: [*, K]."""
-    dw = (_rows(dy).t() @ _rows(a)).to(w.dtype)  # [O, K]
+def _weight_grads(dy: torch.Tensor, a: torch.Tensor, dtype: torch.dtype, has_bias: bool):
+    """dW = dyᵀ a in the weight's dtype, and db = colsum(dy) in at least fp32, then that dtype
+    (None without bias). dy: [*, O], a: [*, K]."""
+    dw = (_rows(dy).t() @ _rows(a)).to(dtype)  # [O, K]
     acc = torch.promote_types(dy.dtype, torch.float32)
-    db = _rows(dy).sum(0, dtype=acc).to(w.dtype) if has_bias else None
+    db = _rows(dy).sum(0, dtype=acc).to(dtype) if has_bias else None
     return dw, db
 
 
@@ -74,17 +73,18 @@ class _NormLinear(torch.autograd.Function):
             x = x.contiguous()  # the backward's LayerNorm reads x in mean/rstd's row order
             xn, mean, rstd = torch.native_layer_norm(x, [C], ln_w, ln_b, eps)
             a = xn.to(cd)  # [*, C]
-            y = F.linear(a, w.to(cd), None if b is None else b.to(cd))  # [*, P]
-        ctx.save_for_backward(x, mean, rstd, ln_w, ln_b, a, w)
-        ctx.widths, ctx.has_bias, ctx.y_shape = widths, b is not None, y.shape
+            wc = w.to(cd)  # [P, C], the backward's operand too (no second cast)
+            y = F.linear(a, wc, None if b is None else b.to(cd))  # [*, P]
+        ctx.save_for_backward(x, mean, rstd, ln_w, ln_b, a, wc)
+        ctx.widths, ctx.has_bias, ctx.y_shape, ctx.w_dtype = widths, b is not None, y.shape, w.dtype
         return _column_blocks(y, widths, splits)
 
     @staticmethod
     def backward(ctx, *grads):
-        x, mean, rstd, ln_w, ln_b, a, w = ctx.saved_tensors
+        x, mean, rstd, ln_w, ln_b, a, wc = ctx.saved_tensors
         dy = _joined(grads, ctx.widths, ctx.y_shape, a)  # [*, P]
-        da = dy @ w.to(a.dtype)  # [*, C]
-        dw, db = _weight_grads(dy, a, w, ctx.has_bias)
+        da = dy @ wc  # [*, C]
+        dw, db = _weight_grads(dy, a, ctx.w_dtype, ctx.has_bias)
         dx, dln_w, dln_b = torch.ops.aten.native_layer_norm_backward(
             da.to(x.dtype),
             x,
@@ -148,17 +148,18 @@ class _GatedLinear(torch.autograd.Function):
             g, o = g.to(cd), o.to(cd)
             gs = torch.sigmoid(g)  # [*, H, c]
             og = (gs * o).contiguous().flatten(-2)  # [*, H c]
-            out = F.linear(og, w.to(cd), None if b is None else b.to(cd))  # [*, C]
-        ctx.save_for_backward(gs, o, og, w)
-        ctx.has_bias = b is not None
+            wc = w.to(cd)  # [C, H c]
+            out = F.linear(og, wc, None if b is None else b.to(cd))  # [*, C]
+        ctx.save_for_backward(gs, o, og, wc)
+        ctx.has_bias, ctx.w_dtype = b is not None, w.dtype
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        gs, o, og, w = ctx.saved_tensors
+        gs, o, og, wc = ctx.saved_tensors
         dout = dout.to(og.dtype)
-        dog = (dout @ w.to(og.dtype)).view(gs.shape)  # [*, H, c]
-        dw, db = _weight_grads(dout, og, w, ctx.has_bias)
+        dog = (dout @ wc).view(gs.shape)  # [*, H, c]
+        dw, db = _weight_grads(dout, og, ctx.w_dtype, ctx.has_bias)
         dg = torch.ops.aten.sigmoid_backward(dog * o, gs)
         return dg, dog * gs, dw, db
 
