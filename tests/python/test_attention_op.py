@@ -44,6 +44,18 @@ def grads(fn, inputs, dout):
     return out.detach(), [t.grad for t in inputs]
 
 
+def ours_and_reference(q, k, v, bias, mask, dout):
+    """(out, [dq, dk, dv, dbias]) of our op and of the FP64 reference (float64 leaves) on the
+    same inputs."""
+    ours = grads(lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout)
+    ref = grads(
+        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
+        tuple(t.double() for t in (q, k, v, bias)),
+        dout.double(),
+    )
+    return (*ours, *ref)
+
+
 def rel(x, ref):
     return ((x.double() - ref).norm() / ref.norm()).item()
 
@@ -52,12 +64,7 @@ def rel(x, ref):
 def test_cpu_reference_path_matches_plain_pytorch(N, D):
     q, k, v, bias, mask = make(N=N, D=D)
     dout = torch.randn_like(q)
-    out, g = grads(
-        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
-    )
-    ref, gref = grads(
-        lambda a, b, c, d: attention_reference(a, b, c, d, mask), (q, k, v, bias), dout
-    )
+    out, g, ref, gref = ours_and_reference(q, k, v, bias, mask, dout)
     assert out.shape == q.shape and torch.allclose(out, ref, atol=1e-12)
     for x, y in zip(g, gref):
         assert x.shape == y.shape and torch.allclose(x, y, atol=1e-10)
@@ -193,14 +200,7 @@ def floor(ref, dtype=torch.bfloat16):
 )
 def test_gpu_matches_fp64_within_the_bf16_floor(N, D, bias_dtype, layout):
     q, k, v, bias, mask, dout = gpu_case(N, D, bias_dtype, layout)
-    out, g = grads(
-        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
-    )
-    ref, gref = grads(
-        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-        tuple(t.double() for t in (q, k, v, bias)),
-        dout.double(),
-    )  # float64 leaves
+    out, g, ref, gref = ours_and_reference(q, k, v, bias, mask, dout)
     assert out.dtype == q.dtype and g[3].dtype == bias_dtype
     assert rel(out, ref) <= 1.6 * floor(ref)
     for x, y in zip(g, gref):
@@ -280,14 +280,7 @@ def test_gpu_gradients_meet_the_accuracy_target_through_the_python_api():
     )
     bias = torch.randn(B, 1, H, N, N, device="cuda", generator=g).bfloat16()
     mask = torch.rand(B, S, 1, 1, N, device="cuda", generator=g) < 0.8
-    _, got = grads(
-        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
-    )
-    _, ref = grads(
-        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-        tuple(t.double() for t in (q, k, v, bias)),
-        dout.double(),
-    )
+    _, got, _, ref = ours_and_reference(q, k, v, bias, mask, dout)
     for name, x, y in zip(("dq", "dk", "dv", "dbias"), got, ref):
         assert rel(x, y) <= 1.5 * floor(y), name
 
@@ -298,14 +291,7 @@ def test_gpu_padded_head_dims_match_fp64(D):
     """D off the built list runs zero-padded on the next built one, with the caller's 1/sqrt(D)
     and the caller's shapes; accuracy as for the native dims."""
     q, k, v, bias, mask, dout = gpu_case(77, D, layout="bsnhd")
-    out, g = grads(
-        lambda a, b, c, d: tpf.triangle_attention(a, b, c, d, mask), (q, k, v, bias), dout
-    )
-    ref, gref = grads(
-        lambda a, b, c, d: attention_reference(a, b, c, d, mask),
-        tuple(t.double() for t in (q, k, v, bias)),
-        dout.double(),
-    )
+    out, g, ref, gref = ours_and_reference(q, k, v, bias, mask, dout)
     assert out.shape == q.shape and all(x.shape == y.shape for x, y in zip(g, gref))
     assert rel(out, ref) <= 1.6 * floor(ref)
     for x, y in zip(g, gref):
