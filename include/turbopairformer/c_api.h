@@ -55,6 +55,18 @@ typedef struct tpf_trimul_args {
   size_t saved_bytes;
 } tpf_trimul_args;
 
+/* The tensors of the LayerNorm struct, in order: the forward's, then the backward's own. */
+#define TPF_LAYER_NORM_FWD_TENSORS(X) X(x) X(weight) X(bias) X(y) X(mean) X(rstd)
+#define TPF_LAYER_NORM_BWD_TENSORS(X) X(dy) X(dx) X(dweight) X(dbias)
+#define TPF_LAYER_NORM_TENSORS(X) TPF_LAYER_NORM_FWD_TENSORS(X) TPF_LAYER_NORM_BWD_TENSORS(X)
+
+#define TPF_TENSOR_FIELD_(name) tpf_tensor name;
+typedef struct tpf_layer_norm_args {
+  TPF_LAYER_NORM_TENSORS(TPF_TENSOR_FIELD_)
+  double eps;
+} tpf_layer_norm_args;
+#undef TPF_TENSOR_FIELD_
+
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
  * (the Python package builds its ctypes structs from this table and checks their layout):
  * one row per field, in order. kind: "tensor", "tensor[12]", "f64", "i32", "ptr", "size", or
@@ -85,6 +97,13 @@ TPF_C_API int tpf_trimul_forward(const tpf_trimul_args* a, int32_t on_gpu, void*
                                  size_t workspace_bytes, void* stream, char* err, size_t err_len);
 TPF_C_API int tpf_trimul_backward(const tpf_trimul_args* a, int32_t on_gpu, void* workspace,
                                   size_t workspace_bytes, void* stream, char* err, size_t err_len);
+/* LayerNorm over the last dimension (turbopairformer/layer_norm.h). */
+TPF_C_API int tpf_layer_norm_forward(const tpf_layer_norm_args* a, int32_t on_gpu, void* stream, char* err,
+                                     size_t err_len);
+TPF_C_API int tpf_layer_norm_backward_workspace_size(const tpf_layer_norm_args* a, size_t* bytes, char* err,
+                                                     size_t err_len);
+TPF_C_API int tpf_layer_norm_backward(const tpf_layer_norm_args* a, int32_t on_gpu, void* workspace,
+                                      size_t workspace_bytes, void* stream, char* err, size_t err_len);
 TPF_C_API const char* tpf_version(void);
 
 #ifdef __cplusplus

@@ -3,6 +3,7 @@
 // any float dtype; computes in double and rounds once into each output's dtype.
 #pragma once
 #include "turbopairformer/attention.h"
+#include "turbopairformer/layer_norm.h"
 #include "turbopairformer/trimul.h"
 
 namespace tpf::reference {
@@ -15,5 +16,9 @@ Status attention_backward(const AttentionBackwardParams& p);
 
 Status trimul_forward(const TrimulForwardParams& p);
 Status trimul_backward(const TrimulBackwardParams& p);
+
+// Recomputes the statistics from x; writes y (mean, rstd where present) / dx, dweight, dbias.
+Status layer_norm_forward(const LayerNormForwardParams& p);
+Status layer_norm_backward(const LayerNormBackwardParams& p);
 
 }  // namespace tpf::reference

@@ -81,12 +81,26 @@ TRIMUL_WEIGHTS = tuple(f for rec, f, *_ in abi_fields() if rec == "trimul_weight
 _KINDS = {**_SCALARS, "tensor": TpfTensor, "tensor[12]": TpfTensor * len(TRIMUL_WEIGHTS)}
 TpfAttentionArgs = _struct("tpf_attention_args", _KINDS)
 TpfTrimulArgs = _struct("tpf_trimul_args", _KINDS)
+TpfLayerNormArgs = _struct("tpf_layer_norm_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
 def _signatures(lib) -> None:
     err = (ctypes.c_char_p, ctypes.c_size_t)
     args, targs = ctypes.POINTER(TpfAttentionArgs), ctypes.POINTER(TpfTrimulArgs)
+    largs = ctypes.POINTER(TpfLayerNormArgs)
+    lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_layer_norm_backward_workspace_size.argtypes = (
+        largs,
+        ctypes.POINTER(ctypes.c_size_t),
+    ) + err
+    lib.tpf_layer_norm_backward.argtypes = (
+        largs,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    ) + err
     lib.tpf_attention_forward.argtypes = (args, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_attention_backward_workspace_size.argtypes = (
         args,
@@ -121,6 +135,9 @@ def _signatures(lib) -> None:
         lib.tpf_trimul_workspace_size,
         lib.tpf_trimul_forward,
         lib.tpf_trimul_backward,
+        lib.tpf_layer_norm_forward,
+        lib.tpf_layer_norm_backward_workspace_size,
+        lib.tpf_layer_norm_backward,
     ):
         f.restype = ctypes.c_int
 

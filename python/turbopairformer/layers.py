@@ -5,7 +5,12 @@ PyTorch's per-op temporaries:
     norm_linear(x, norm, layers, pad_to)  LayerNorm, then several nn.Linear on its output as one
                                           GEMM; returns each layer's output as a view of one
                                           tensor, and takes their gradients back as one
+    layer_norm(x, norm)                   norm(x) in the compute dtype (autocast's, else x's)
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
+
+On CUDA the LayerNorm runs on the library's kernel (_norm.py) where it is built for the width
+and dtypes: it writes its output straight in the GEMM's dtype and takes the gradient in it, so
+neither direction has a cast pass, and its weight gradients are bitwise repeatable.
 
 These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
 its own kernels and whose saved set its partitioner chooses (with the nodes, a checkpointed
@@ -14,8 +19,8 @@ its own kernels and whose saved set its partitioner chooses (with the nodes, a c
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds, and returns fp32 weight gradients for
-fp32 weights. cuBLAS GEMMs and PyTorch's LayerNorm backward are run-to-run deterministic, so the
-gradients are bitwise repeatable.
+fp32 weights. cuBLAS GEMMs and both LayerNorm backwards are run-to-run deterministic, so the gradients are
+bitwise repeatable.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from . import _norm
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -64,19 +71,44 @@ def _joined(grads, widths, shape, like: torch.Tensor) -> torch.Tensor:
     return dy
 
 
+def _norm_forward(x, ln_w, ln_b, eps, cd):
+    """(LayerNorm(x) in cd, stats, on_kernel) for the nodes; x contiguous, autocast off."""
+    if _norm.gpu_supported(x, ln_w, cd):
+        y, mean, rstd = _norm.forward(x, ln_w, ln_b, eps, cd)
+        return y, (mean, rstd), True
+    xn, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], ln_w, ln_b, eps)
+    return xn.to(cd), (mean, rstd), False
+
+
+def _norm_backward(ctx, dxn, x, ln_w, ln_b, stats):
+    """(dx, d ln_w, d ln_b) from the gradient of _norm_forward's output; ln_w, ln_b are the
+    node's inputs 1 and 2 (their gradients computed only where autograd asks)."""
+    need = ctx.needs_input_grad
+    if ctx.on_kernel:
+        return _norm.backward(dxn.contiguous(), x, ln_w, ln_b, ctx.eps, *stats, need[1], need[2])
+    return torch.ops.aten.native_layer_norm_backward(
+        dxn.to(x.dtype),
+        x,
+        [x.shape[-1]],
+        *stats,
+        ln_w,
+        ln_b,
+        [True, ln_w is not None, ln_b is not None],
+    )
+
+
 class _NormLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ln_w, ln_b, eps, w, b, widths, splits):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            C = x.shape[-1]
-            x = x.contiguous()  # the backward's LayerNorm reads x in mean/rstd's row order
-            xn, mean, rstd = torch.native_layer_norm(x, [C], ln_w, ln_b, eps)
-            a = xn.to(cd)  # [*, C]
+            x = x.contiguous()  # the backward's LayerNorm reads x in the stats' row order
+            a, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
             wc = w.to(cd)  # [P, C], the backward's operand too (no second cast)
             y = F.linear(a, wc, None if b is None else b.to(cd))  # [*, P]
-        ctx.save_for_backward(x, mean, rstd, ln_w, ln_b, a, wc)
+        ctx.save_for_backward(x, *stats, ln_w, ln_b, a, wc)
         ctx.widths, ctx.has_bias, ctx.y_shape, ctx.w_dtype = widths, b is not None, y.shape, w.dtype
+        ctx.eps = eps
         return _column_blocks(y, widths, splits)
 
     @staticmethod
@@ -85,17 +117,35 @@ class _NormLinear(torch.autograd.Function):
         dy = _joined(grads, ctx.widths, ctx.y_shape, a)  # [*, P]
         da = dy @ wc  # [*, C]
         dw, db = _weight_grads(dy, a, ctx.w_dtype, ctx.has_bias)
-        dx, dln_w, dln_b = torch.ops.aten.native_layer_norm_backward(
-            da.to(x.dtype),
-            x,
-            [x.shape[-1]],
-            mean,
-            rstd,
-            ln_w,
-            ln_b,
-            [True, ln_w is not None, ln_b is not None],
-        )
+        dx, dln_w, dln_b = _norm_backward(ctx, da, x, ln_w, ln_b, (mean, rstd))
         return dx, dln_w, dln_b, None, dw, db, None, None
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ln_w, ln_b, eps):
+        cd = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.contiguous()
+            y, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)
+        ctx.save_for_backward(x, *stats, ln_w, ln_b)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mean, rstd, ln_w, ln_b = ctx.saved_tensors
+        dx, dln_w, dln_b = _norm_backward(ctx, dy, x, ln_w, ln_b, (mean, rstd))
+        return dx, dln_w, dln_b, None
+
+
+def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """norm(x) in the compute dtype: autocast's when it is on (the dtype the GEMMs after it
+    cast to), else x's."""
+    if torch.compiler.is_compiling():
+        y = norm(x)
+        return y.to(_compute_dtype(x))
+    return _LayerNorm.apply(x, norm.weight, norm.bias, norm.eps)
 
 
 def _stacked(layers, pad_to: int):

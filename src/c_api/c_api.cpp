@@ -51,6 +51,21 @@ tpf::AttentionBackwardParams backward_params(const tpf_attention_args& a) {
   p.compensate = a.compensate != 0;
   return p;
 }
+
+tpf::LayerNormForwardParams layer_norm_forward_params(const tpf_layer_norm_args& a) {
+  tpf::LayerNormForwardParams p;
+  TPF_LAYER_NORM_FWD_TENSORS(TPF_VIEW_)
+  p.eps = a.eps;
+  return p;
+}
+
+tpf::LayerNormBackwardParams layer_norm_backward_params(const tpf_layer_norm_args& a) {
+  tpf::LayerNormBackwardParams p;
+  p.fwd = layer_norm_forward_params(a);
+  TPF_LAYER_NORM_BWD_TENSORS(TPF_VIEW_)
+  return p;
+}
+
 #undef TPF_VIEW_
 
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
@@ -65,6 +80,7 @@ tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
 // tpf_abi_fields' table.
 #define TPF_ROW_(rec, name, kind) {#rec, #name, kind, offsetof(rec, name), sizeof(rec::name)},
 #define TPF_ATTN_ROW_(name) TPF_ROW_(tpf_attention_args, name, "tensor")
+#define TPF_LN_ROW_(name) TPF_ROW_(tpf_layer_norm_args, name, "tensor")
 const tpf_abi_field kAbiFields[] = {
     {"tpf_tensor", "", "struct", 0, sizeof(tpf_tensor)},
     TPF_ROW_(tpf_tensor, data, "ptr") TPF_ROW_(tpf_tensor, dtype, "i32") TPF_ROW_(tpf_tensor, rank, "i32")
@@ -79,9 +95,13 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_trimul_args, dw, "tensor[12]") TPF_ROW_(tpf_trimul_args, direction, "i32")
     TPF_ROW_(tpf_trimul_args, eps, "f64") TPF_ROW_(tpf_trimul_args, saved, "ptr")
     TPF_ROW_(tpf_trimul_args, saved_bytes, "size")
+    {"tpf_layer_norm_args", "", "struct", 0, sizeof(tpf_layer_norm_args)},
+    TPF_LAYER_NORM_TENSORS(TPF_LN_ROW_)
+    TPF_ROW_(tpf_layer_norm_args, eps, "f64")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
+#undef TPF_LN_ROW_
 
 #define TPF_NAME_(name) #name,
 const char* const kTrimulWeightNames[] = {TPF_TRIMUL_WEIGHT_NAMES(TPF_NAME_)};
@@ -170,6 +190,27 @@ int tpf_attention_backward(const tpf_attention_args* a, int32_t on_gpu, void* wo
   return report(on_gpu ? tpf::attention_backward(p, workspace, workspace_bytes,
                                                  static_cast<cudaStream_t>(stream))
                        : tpf::reference::attention_backward(p),
+                err, err_len);
+}
+
+int tpf_layer_norm_forward(const tpf_layer_norm_args* a, int32_t on_gpu, void* stream, char* err,
+                           size_t err_len) {
+  const auto p = layer_norm_forward_params(*a);
+  return report(on_gpu ? tpf::layer_norm_forward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::layer_norm_forward(p),
+                err, err_len);
+}
+
+int tpf_layer_norm_backward_workspace_size(const tpf_layer_norm_args* a, size_t* bytes, char* err,
+                                           size_t err_len) {
+  return report(tpf::layer_norm_backward_workspace_size(layer_norm_backward_params(*a), bytes), err, err_len);
+}
+
+int tpf_layer_norm_backward(const tpf_layer_norm_args* a, int32_t on_gpu, void* workspace,
+                            size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  const auto p = layer_norm_backward_params(*a);
+  return report(on_gpu ? tpf::layer_norm_backward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::layer_norm_backward(p),
                 err, err_len);
 }
 

@@ -13,7 +13,7 @@
 // the 32 banks once.
 #pragma once
 #include "trimul/epilogues.cuh"
-#include "trimul/row_math.cuh"
+#include "common/row_math.cuh"
 
 namespace tpf::trimul {
 

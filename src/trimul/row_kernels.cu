@@ -12,7 +12,7 @@
 #include "common/kernel_attrs.h"
 #include "common/mma.cuh"
 #include "trimul/kernels.h"
-#include "trimul/row_math.cuh"
+#include "common/row_math.cuh"
 #include "trimul/tile_config.h"
 
 namespace tpf::trimul {
@@ -23,6 +23,7 @@ using rows::group_sum;
 using rows::kGroupLanes;
 using rows::load4;
 using rows::norm_backward;
+using rows::row_stats;
 using rows::store4;
 
 constexpr int kRowsPerWarp = 32 / kGroupLanes;
@@ -37,19 +38,6 @@ struct Slot {
   __device__ Slot() : row(threadIdx.x / kGroupLanes), l8(threadIdx.x % kGroupLanes) {}
   __device__ int channel(int u) const { return rows::unit_channel(l8, u); }
 };
-
-// Mean and 1/sqrt(var + eps) of a row of W channels held by a group (v[4u + e], u < W / 32).
-__device__ __forceinline__ float2 row_stats(const float (&v)[kVals], int W, float eps) {
-  const int units = W / 32;
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < kVals; ++i) s += i / 4 < units ? v[i] : 0.f;
-  const float mean = group_sum(s) / W;
-  float q = 0.f;
-#pragma unroll
-  for (int i = 0; i < kVals; ++i) q += i / 4 < units ? (v[i] - mean) * (v[i] - mean) : 0.f;
-  return make_float2(mean, rsqrtf(group_sum(q) / W + eps));
-}
 
 // Normalises a group's row (pixel m) into xhat (and xhat_bf) and writes its statistics where asked.
 // Every lane of the warp must call it (full-warp shuffles); rows past M (in == false) write nothing.

@@ -18,6 +18,7 @@ from turbopairformer import _native
         ("tpf_tensor", _native.TpfTensor),
         ("tpf_attention_args", _native.TpfAttentionArgs),
         ("tpf_trimul_args", _native.TpfTrimulArgs),
+        ("tpf_layer_norm_args", _native.TpfLayerNormArgs),
     ],
 )
 def test_ctypes_layout_equals_the_compiled_one(record, mirror):

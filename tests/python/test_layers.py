@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 from torch import nn  # noqa: E402
 
 from conftest import requires_gpu  # noqa: E402
-from turbopairformer.layers import gated_linear, norm_linear  # noqa: E402
+from turbopairformer.layers import gated_linear, layer_norm, norm_linear  # noqa: E402
 
 
 def _layers(C, widths, bias, dtype, seed):
@@ -57,12 +57,13 @@ def _ctx(device, dtype):
 
 @pytest.mark.parametrize("device,amp,rtol,atol", CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_norm_linear_matches_layer_norm_then_linears(device, amp, rtol, atol, bias):
+@pytest.mark.parametrize("C", [24, 128])  # on CUDA, 128 runs the library's LayerNorm kernel
+def test_norm_linear_matches_layer_norm_then_linears(device, amp, rtol, atol, bias, C):
     dtype = torch.float64 if amp is None else torch.float32
-    norm, lins = _layers(24, (16, 8, 3), bias, dtype, seed=1)
+    norm, lins = _layers(C, (16, 8, 3), bias, dtype, seed=1)
     norm, lins = norm.to(device), [l.to(device) for l in lins]
     # a non-contiguous input (the transposed pair tensor of an ending node)
-    x0 = torch.randn(2, 7, 5, 24, dtype=dtype, device=device).requires_grad_(True)
+    x0 = torch.randn(2, 7, 5, C, dtype=dtype, device=device).requires_grad_(True)
     x = x0.transpose(1, 2)
     params = [*norm.parameters(), *[p for l in lins for p in l.parameters()]]
 
@@ -156,3 +157,25 @@ def test_layers_at_one_pair_and_with_a_nan_row(device):
             assert bad[0, 1, 2] and bad.sum() == 1
             assert torch.isnan(x.grad[0, 1, 2]).all() and torch.isfinite(x.grad[0, 0]).all()
             assert torch.isnan(out_layer.weight.grad).any()  # the NaN pair's gradient reaches W
+
+
+@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
+@pytest.mark.parametrize("C", [24, 128])
+def test_layer_norm_matches_the_module_in_the_compute_dtype(device, amp, rtol, atol, C):
+    dtype = torch.float64 if amp is None else torch.float32
+    norm, _ = _layers(C, (), False, dtype, seed=6)
+    norm = norm.to(device)
+    x0 = torch.randn(3, 5, 7, C, dtype=dtype, device=device).requires_grad_(True)
+    x = x0.transpose(1, 2)
+
+    def fused():
+        with _ctx(device, amp):
+            y = layer_norm(x, norm)
+            assert y.dtype == (amp or dtype)
+            return y
+
+    def plain():
+        with _ctx(device, amp):
+            return norm(x).to(amp or dtype)
+
+    _check(fused, plain, [x0], list(norm.parameters()), rtol, atol)

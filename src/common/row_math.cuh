@@ -1,5 +1,6 @@
-// Per-pixel LayerNorm pieces shared by the row kernels (row_kernels.cu) and the GEMM epilogue
-// that fuses the LayerNorm backward (norm_epilogue.cuh).
+// Per-row LayerNorm pieces shared by the multiplicative update's row kernels
+// (trimul/row_kernels.cu), its GEMM epilogue that fuses the LayerNorm backward
+// (trimul/norm_epilogue.cuh), and the stand-alone LayerNorm (norm/layer_norm.cu).
 //
 // A row of W channels (W a multiple of 32) is held by a group of 8 lanes: lane l8 holds the
 // 4-channel units u < W / 32 at channels 4 (l8 + 8u) .. + 3, as v[4u + e]. Rows of one warp
@@ -12,7 +13,7 @@
 
 #include "common/mma.cuh"
 
-namespace tpf::trimul::rows {
+namespace tpf::rows {
 
 constexpr int kGroupLanes = 8;
 
@@ -22,6 +23,21 @@ __device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
   for (int o = 1; o < kGroupLanes; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// Mean and 1/sqrt(var + eps) of a row of W channels held by a group (v[4u + e], u < W / 32);
+// two passes over the registers (no E[x^2] - mean^2 cancellation).
+template <int kVals>
+__device__ __forceinline__ float2 row_stats(const float (&v)[kVals], int W, float eps) {
+  const int units = W / 32;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) s += i / 4 < units ? v[i] : 0.f;
+  const float mean = group_sum(s) / W;
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) q += i / 4 < units ? (v[i] - mean) * (v[i] - mean) : 0.f;
+  return make_float2(mean, rsqrtf(group_sum(q) / W + eps));
 }
 
 // d x of the normalisation from g = d xhat and xhat (same layout), in place in g:
@@ -52,9 +68,23 @@ __device__ __forceinline__ void load4(float* v, const T* src, bool vec) {
     for (int e = 0; e < 4; ++e) v[e] = dev::to_float(src[e]);
   }
 }
-__device__ __forceinline__ void load4(float* v, const float* src, bool) {  // 16-byte aligned rows
-  const float4 q = *reinterpret_cast<const float4*>(src);
-  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+// fp32 rows: one 16-byte access when aligned.
+__device__ __forceinline__ void load4(float* v, const float* src, bool vec) {
+  if (vec) {
+    const float4 q = *reinterpret_cast<const float4*>(src);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = src[e];
+  }
+}
+__device__ __forceinline__ void store4(float* dst, const float* v, bool vec) {
+  if (vec) {
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[e] = v[e];
+  }
 }
 template <class T>
 __device__ __forceinline__ void store4(T* dst, const float* v, bool vec) {
@@ -66,4 +96,4 @@ __device__ __forceinline__ void store4(T* dst, const float* v, bool vec) {
   }
 }
 
-}  // namespace tpf::trimul::rows
+}  // namespace tpf::rows
