@@ -83,6 +83,7 @@ PAIRS = [
 
 
 def _poisoned(shape, dtype):
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
     return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
 
 
