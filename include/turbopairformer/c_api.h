@@ -67,6 +67,11 @@ typedef struct tpf_layer_norm_args {
 } tpf_layer_norm_args;
 #undef TPF_TENSOR_FIELD_
 
+/* SwiGLU (turbopairformer/swiglu.h): x = [a | b], y = silu(a) b. */
+typedef struct tpf_swiglu_args {
+  tpf_tensor x, y, dy, dx;
+} tpf_swiglu_args;
+
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
  * (the Python package builds its ctypes structs from this table and checks their layout):
  * one row per field, in order. kind: "tensor", "tensor[12]", "f64", "i32", "ptr", "size", or
@@ -104,6 +109,10 @@ TPF_C_API int tpf_layer_norm_backward_workspace_size(const tpf_layer_norm_args* 
                                                      size_t err_len);
 TPF_C_API int tpf_layer_norm_backward(const tpf_layer_norm_args* a, int32_t on_gpu, void* workspace,
                                       size_t workspace_bytes, void* stream, char* err, size_t err_len);
+TPF_C_API int tpf_swiglu_forward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, char* err,
+                                 size_t err_len);
+TPF_C_API int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, char* err,
+                                  size_t err_len);
 TPF_C_API const char* tpf_version(void);
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
 #pragma once
 #include "turbopairformer/attention.h"
 #include "turbopairformer/layer_norm.h"
+#include "turbopairformer/swiglu.h"
 #include "turbopairformer/trimul.h"
 
 namespace tpf::reference {
@@ -20,5 +21,9 @@ Status trimul_backward(const TrimulBackwardParams& p);
 // Recomputes the statistics from x; writes y (mean, rstd where present) / dx, dweight, dbias.
 Status layer_norm_forward(const LayerNormForwardParams& p);
 Status layer_norm_backward(const LayerNormBackwardParams& p);
+
+// Writes y / dx (and y where present).
+Status swiglu_forward(const SwigluParams& p);
+Status swiglu_backward(const SwigluParams& p);
 
 }  // namespace tpf::reference

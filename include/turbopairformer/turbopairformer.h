@@ -2,6 +2,7 @@
 #pragma once
 #include "turbopairformer/attention.h"
 #include "turbopairformer/layer_norm.h"
+#include "turbopairformer/swiglu.h"
 #include "turbopairformer/reference.h"
 #include "turbopairformer/status.h"
 #include "turbopairformer/tensor.h"

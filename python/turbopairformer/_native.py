@@ -82,6 +82,7 @@ _KINDS = {**_SCALARS, "tensor": TpfTensor, "tensor[12]": TpfTensor * len(TRIMUL_
 TpfAttentionArgs = _struct("tpf_attention_args", _KINDS)
 TpfTrimulArgs = _struct("tpf_trimul_args", _KINDS)
 TpfLayerNormArgs = _struct("tpf_layer_norm_args", _KINDS)
+TpfSwigluArgs = _struct("tpf_swiglu_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
@@ -89,6 +90,9 @@ def _signatures(lib) -> None:
     err = (ctypes.c_char_p, ctypes.c_size_t)
     args, targs = ctypes.POINTER(TpfAttentionArgs), ctypes.POINTER(TpfTrimulArgs)
     largs = ctypes.POINTER(TpfLayerNormArgs)
+    sargs = ctypes.POINTER(TpfSwigluArgs)
+    lib.tpf_swiglu_forward.argtypes = (sargs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_swiglu_backward.argtypes = lib.tpf_swiglu_forward.argtypes
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -138,6 +142,8 @@ def _signatures(lib) -> None:
         lib.tpf_layer_norm_forward,
         lib.tpf_layer_norm_backward_workspace_size,
         lib.tpf_layer_norm_backward,
+        lib.tpf_swiglu_forward,
+        lib.tpf_swiglu_backward,
     ):
         f.restype = ctypes.c_int
 

@@ -6,6 +6,9 @@ PyTorch's per-op temporaries:
                                           GEMM; returns each layer's output as a view of one
                                           tensor, and takes their gradients back as one
     layer_norm(x, norm)                   norm(x) in the compute dtype (autocast's, else x's)
+    swiglu_transition(x, norm, a, b, out) out(silu(a(norm(x))) * b(norm(x))): one stacked up
+                                          GEMM, the activation in one pass each way, and a
+                                          saved set of norm(x) and the up projection only
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
 
 On CUDA the LayerNorm runs on the library's kernel (_norm.py) where it is built for the width
@@ -29,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import _norm
+from . import _norm, _swiglu
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -137,6 +140,46 @@ class _LayerNorm(torch.autograd.Function):
         x, mean, rstd, ln_w, ln_b = ctx.saved_tensors
         dx, dln_w, dln_b = _norm_backward(ctx, dy, x, ln_w, ln_b, (mean, rstd))
         return dx, dln_w, dln_b, None
+
+
+class _SwiGLUTransition(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ln_w, ln_b, eps, wa, wb, wo):
+        cd = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.contiguous()
+            xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
+            wab = torch.cat([wa, wb]).to(cd)  # [2H, C]
+            wo_c = wo.to(cd)  # [C, H]
+            ab = F.linear(xn, wab)  # [*, 2H]
+            out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
+        ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, ab, wab, wo_c)
+        ctx.eps, ctx.w_dtype = eps, wa.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c = ctx.saved_tensors
+        dout = dout.to(ab.dtype)
+        dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
+        dwo, _ = _weight_grads(dout, h, ctx.w_dtype, False)
+        dwab, _ = _weight_grads(dab, xn, ctx.w_dtype, False)
+        dx, dln_w, dln_b = _norm_backward(ctx, dab @ wab, x, ln_w, ln_b, (mean, rstd))
+        H = wab.shape[0] // 2
+        return dx, dln_w, dln_b, None, dwab[:H], dwab[H:], dwo
+
+
+def swiglu_transition(
+    x: torch.Tensor, norm: nn.LayerNorm, a: nn.Linear, b: nn.Linear, out: nn.Linear
+) -> torch.Tensor:
+    """out(silu(a(norm(x))) * b(norm(x))) for bias-free a, b and out (OpenFold3's
+    SwiGLUTransition)."""
+    if torch.compiler.is_compiling():
+        y = norm(x)
+        return out(F.silu(a(y)) * b(y))
+    return _SwiGLUTransition.apply(
+        x, norm.weight, norm.bias, norm.eps, a.weight, b.weight, out.weight
+    )
 
 
 def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:

@@ -26,7 +26,7 @@ from .modules import (
     TriangleMultiplicativeUpdate,
     _GatedAttentionProjections,
 )
-from .layers import gated_linear, layer_norm, norm_linear
+from .layers import gated_linear, norm_linear, swiglu_transition
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -64,8 +64,8 @@ class SwiGLUTransition(nn.Module):
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         # two GEMMs, not one stacked: silu and the product then run on contiguous halves,
         # which PyTorch's elementwise kernels vectorise (docs/perf-history.md, 2026-12-02)
-        x = layer_norm(x, self.layer_norm)  # in the GEMMs' dtype: one copy saved for both
-        x = self.linear_out(F.silu(self.swiglu.linear_a(x)) * self.swiglu.linear_b(x))
+        sw = self.swiglu
+        x = swiglu_transition(x, self.layer_norm, sw.linear_a, sw.linear_b, self.linear_out)
         return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
 
 

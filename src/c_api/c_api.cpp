@@ -68,6 +68,8 @@ tpf::LayerNormBackwardParams layer_norm_backward_params(const tpf_layer_norm_arg
 
 #undef TPF_VIEW_
 
+tpf::SwigluParams swiglu_params(const tpf_swiglu_args& a) { return {view(a.x), view(a.y), view(a.dy), view(a.dx)}; }
+
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -98,6 +100,9 @@ const tpf_abi_field kAbiFields[] = {
     {"tpf_layer_norm_args", "", "struct", 0, sizeof(tpf_layer_norm_args)},
     TPF_LAYER_NORM_TENSORS(TPF_LN_ROW_)
     TPF_ROW_(tpf_layer_norm_args, eps, "f64")
+    {"tpf_swiglu_args", "", "struct", 0, sizeof(tpf_swiglu_args)},
+    TPF_ROW_(tpf_swiglu_args, x, "tensor") TPF_ROW_(tpf_swiglu_args, y, "tensor")
+    TPF_ROW_(tpf_swiglu_args, dy, "tensor") TPF_ROW_(tpf_swiglu_args, dx, "tensor")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -211,6 +216,19 @@ int tpf_layer_norm_backward(const tpf_layer_norm_args* a, int32_t on_gpu, void* 
   const auto p = layer_norm_backward_params(*a);
   return report(on_gpu ? tpf::layer_norm_backward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream))
                        : tpf::reference::layer_norm_backward(p),
+                err, err_len);
+}
+
+int tpf_swiglu_forward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, char* err, size_t err_len) {
+  const auto p = swiglu_params(*a);
+  return report(on_gpu ? tpf::swiglu_forward(p, static_cast<cudaStream_t>(stream)) : tpf::reference::swiglu_forward(p),
+                err, err_len);
+}
+
+int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, char* err, size_t err_len) {
+  const auto p = swiglu_params(*a);
+  return report(on_gpu ? tpf::swiglu_backward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::swiglu_backward(p),
                 err, err_len);
 }
 

@@ -156,6 +156,8 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 template <>
 __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ float from_float(float x) { return x; }
 
 // B fragment (k16 x n8) of a scaled doubled identity: B[k][n] = c_hi where k == n, c_lo where
 // k == n + 8, else 0, with c_hi = T(c) and c_lo = T(c - c_hi). Against A = {x0, x1, x0, x1} (the

@@ -19,6 +19,7 @@ from turbopairformer import _native
         ("tpf_attention_args", _native.TpfAttentionArgs),
         ("tpf_trimul_args", _native.TpfTrimulArgs),
         ("tpf_layer_norm_args", _native.TpfLayerNormArgs),
+        ("tpf_swiglu_args", _native.TpfSwigluArgs),
     ],
 )
 def test_ctypes_layout_equals_the_compiled_one(record, mirror):

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 from torch import nn  # noqa: E402
 
 from conftest import requires_gpu  # noqa: E402
-from turbopairformer.layers import gated_linear, layer_norm, norm_linear  # noqa: E402
+from turbopairformer.layers import gated_linear, layer_norm, norm_linear, swiglu_transition  # noqa: E402
 
 
 def _layers(C, widths, bias, dtype, seed):
@@ -179,3 +179,27 @@ def test_layer_norm_matches_the_module_in_the_compute_dtype(device, amp, rtol, a
             return norm(x).to(amp or dtype)
 
     _check(fused, plain, [x0], list(norm.parameters()), rtol, atol)
+
+
+@pytest.mark.parametrize("device,amp,rtol,atol", CASES)
+@pytest.mark.parametrize("C", [24, 128])
+def test_swiglu_transition_matches_the_plain_ops(device, amp, rtol, atol, C):
+    dtype = torch.float64 if amp is None else torch.float32
+    norm, (la, lb) = _layers(C, (2 * C, 2 * C), False, dtype, seed=8)
+    lo = nn.Linear(2 * C, C, bias=False).to(dtype)
+    norm, la, lb, lo = (m.to(device) for m in (norm, la, lb, lo))
+    x0 = torch.randn(2, 7, 5, C, dtype=dtype, device=device).requires_grad_(True)
+    x = x0.transpose(1, 2)
+    params = [*norm.parameters(), la.weight, lb.weight, lo.weight]
+
+    def fused():
+        with _ctx(device, amp):
+            return swiglu_transition(x, norm, la, lb, lo)
+
+    def plain():
+        with _ctx(device, amp):
+            y = norm(x)
+            return lo(nn.functional.silu(la(y)) * lb(y))
+
+    # the plain ops round silu(a) and the product separately; the node rounds once
+    _check(fused, plain, [x0], params, 2 * rtol, 2 * atol)

@@ -232,11 +232,14 @@ def _saved_storages(fn):
 
 def test_transition_saves_one_low_precision_copy_of_its_layer_norm_output():
     """Under autocast each nn.Linear would cast (and save) its own bf16 copy of the LayerNorm
-    output; the transition casts once for both up projections, so one [N, N, C] bf16 tensor is
-    saved, not two (151 MB at N = 768)."""
-    N, C = 16, 32
+    output; the transition saves one [N, N, C] bf16 copy (151 MB at N = 768) and the stacked up
+    projection [N, N, 8C], and neither silu(a) nor the activation [N, N, 4C] (the backward
+    recomputes them)."""
+    N, C = 12, 32
     x = torch.randn(1, N, N, C, requires_grad=True)
     m = tpf.SwiGLUTransition(C, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         saved = _saved_storages(lambda: m(x, torch.ones(1, N, N)))
     assert saved.count((torch.bfloat16, N * N * C)) == 1, saved
+    assert saved.count((torch.bfloat16, N * N * 8 * C)) == 1, saved
+    assert not [s for s in saved if s[1] == N * N * 4 * C], saved
