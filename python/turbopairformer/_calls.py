@@ -31,6 +31,14 @@ def tensor(x: Optional[torch.Tensor], name: str) -> _native.TpfTensor:
     return t
 
 
+def struct(cls, **tensors):
+    """An args struct of the C ABI with the named tensors filled in (the rest absent)."""
+    a = cls()
+    for name, t in tensors.items():
+        setattr(a, name, tensor(t, name))
+    return a
+
+
 def workspace(query, a, x, err, *flags):
     """The device workspace a CUDA call needs (query(args, *flags, &bytes, err, len)), from
     PyTorch's caching allocator: (tensor to keep alive, pointer, bytes); none on the CPU."""
@@ -50,6 +58,15 @@ def check_call(fn, a, *args) -> None:
     """fn(&a, *args, err, len): one call of the C ABI; a failure raises with the core's message."""
     err = _native.error_buffer()
     _native.check(fn(ctypes.byref(a), *args, err, len(err)), err)
+
+
+def call_with_workspace(fn, query, a, x: torch.Tensor, *flags) -> None:
+    """fn(&a, on_gpu, workspace, bytes, stream, err, len) on x's device, with the workspace
+    that query(&a, *flags, &bytes, err, len) asks for."""
+    err = _native.error_buffer()
+    with device_of(x):
+        _ws, ptr, nbytes = workspace(query, a, x, err, *flags)
+        check_call(fn, a, int(x.is_cuda), ptr, nbytes, stream(x))
 
 
 def device_of(x: torch.Tensor):

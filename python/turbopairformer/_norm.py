@@ -37,9 +37,7 @@ def gpu_supported(x: torch.Tensor, weight: Optional[torch.Tensor], out_dtype: to
 
 
 def _args(eps, **tensors) -> _native.TpfLayerNormArgs:
-    a = _native.TpfLayerNormArgs()
-    for name, t in tensors.items():
-        setattr(a, name, _calls.tensor(t, name))
+    a = _calls.struct(_native.TpfLayerNormArgs, **tensors)
     a.eps = eps
     return a
 
@@ -64,11 +62,8 @@ def backward(dy, x, weight, bias, eps: float, mean, rstd, need_weight: bool, nee
     a = _args(
         eps, x=x, weight=weight, bias=bias, mean=mean, rstd=rstd, dy=dy, dx=dx, dweight=dw, dbias=db
     )
-    err = _native.error_buffer()
-    with _calls.device_of(x):
-        query = _native.LIB.tpf_layer_norm_backward_workspace_size
-        _ws, ptr, nbytes = _calls.workspace(query, a, x, err)
-        _calls.check_call(
-            _native.LIB.tpf_layer_norm_backward, a, int(x.is_cuda), ptr, nbytes, _calls.stream(x)
-        )
+    lib = _native.LIB
+    _calls.call_with_workspace(
+        lib.tpf_layer_norm_backward, lib.tpf_layer_norm_backward_workspace_size, a, x
+    )
     return dx, dw, db

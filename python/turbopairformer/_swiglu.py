@@ -21,13 +21,6 @@ def _on_kernel(x: torch.Tensor) -> bool:
     )
 
 
-def _args(**tensors) -> _native.TpfSwigluArgs:
-    a = _native.TpfSwigluArgs()
-    for name, t in tensors.items():
-        setattr(a, name, _calls.tensor(t, name))
-    return a
-
-
 def forward(x: torch.Tensor) -> torch.Tensor:
     """silu(a) * b for x = [a | b] ([*, 2H] -> [*, H]), in x's dtype."""
     if not _on_kernel(x):
@@ -35,7 +28,12 @@ def forward(x: torch.Tensor) -> torch.Tensor:
         return (a * torch.sigmoid(a) * b).to(x.dtype)
     y = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     with _calls.device_of(x):
-        _calls.check_call(_native.LIB.tpf_swiglu_forward, _args(x=x, y=y), 1, _calls.stream(x))
+        _calls.check_call(
+            _native.LIB.tpf_swiglu_forward,
+            _calls.struct(_native.TpfSwigluArgs, x=x, y=y),
+            1,
+            _calls.stream(x),
+        )
     return y
 
 
@@ -55,6 +53,9 @@ def backward(x: torch.Tensor, dy: torch.Tensor):
     y = torch.empty_like(dy)
     with _calls.device_of(x):
         _calls.check_call(
-            _native.LIB.tpf_swiglu_backward, _args(x=x, y=y, dy=dy, dx=dx), 1, _calls.stream(x)
+            _native.LIB.tpf_swiglu_backward,
+            _calls.struct(_native.TpfSwigluArgs, x=x, y=y, dy=dy, dx=dx),
+            1,
+            _calls.stream(x),
         )
     return dx, y

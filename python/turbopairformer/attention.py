@@ -21,9 +21,7 @@ from . import _calls, _native
 
 
 def _args(scale: float, compensate: bool, **tensors) -> _native.TpfAttentionArgs:
-    a = _native.TpfAttentionArgs()
-    for name, x in tensors.items():
-        setattr(a, name, _calls.tensor(x, name))
+    a = _calls.struct(_native.TpfAttentionArgs, **tensors)
     a.scale = scale
     a.compensate = int(compensate)
     return a
@@ -89,13 +87,10 @@ def _attention_bwd(
         dv=dv,
         dbias=dbias if need_dbias else None,
     )
-    err = _native.error_buffer()
-    with _calls.device_of(q):
-        query = _native.LIB.tpf_attention_backward_workspace_size
-        _ws, ptr, ws_bytes = _calls.workspace(query, a, q, err)
-        _calls.check_call(
-            _native.LIB.tpf_attention_backward, a, int(q.is_cuda), ptr, ws_bytes, _calls.stream(q)
-        )
+    lib = _native.LIB
+    _calls.call_with_workspace(
+        lib.tpf_attention_backward, lib.tpf_attention_backward_workspace_size, a, q
+    )
     return dq, dk, dv, dbias
 
 

@@ -57,11 +57,7 @@ def _saved_buffer(x, p_in_weight, save: bool) -> torch.Tensor:
 def _call(fn, a, x, saved: torch.Tensor, backward: bool) -> None:
     if saved.numel():
         a.saved, a.saved_bytes = saved.data_ptr(), saved.numel()
-    err = _native.error_buffer()
-    with _calls.device_of(x):
-        query = _native.LIB.tpf_trimul_workspace_size
-        _ws, ptr, ws_bytes = _calls.workspace(query, a, x, err, int(backward))
-        _calls.check_call(fn, a, int(x.is_cuda), ptr, ws_bytes, _calls.stream(x))
+    _calls.call_with_workspace(fn, _native.LIB.tpf_trimul_workspace_size, a, x, int(backward))
 
 
 def _fwd(x, mask, *rest):
