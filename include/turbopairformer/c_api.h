@@ -72,6 +72,11 @@ typedef struct tpf_swiglu_args {
   tpf_tensor x, y, dy, dx;
 } tpf_swiglu_args;
 
+/* The sigmoid gate (turbopairformer/gate.h): y = sigmoid(g) o over [R, W] rows. */
+typedef struct tpf_sigmoid_gate_args {
+  tpf_tensor g, o, y, dy, dg, d_o;
+} tpf_sigmoid_gate_args;
+
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
  * (the Python package builds its ctypes structs from this table and checks their layout):
  * one row per field, in order. kind: "tensor", "tensor[12]", "f64", "i32", "ptr", "size", or
@@ -113,6 +118,10 @@ TPF_C_API int tpf_swiglu_forward(const tpf_swiglu_args* a, int32_t on_gpu, void*
                                  size_t err_len);
 TPF_C_API int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, char* err,
                                   size_t err_len);
+TPF_C_API int tpf_sigmoid_gate_forward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
+                                       size_t err_len);
+TPF_C_API int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
+                                        size_t err_len);
 TPF_C_API const char* tpf_version(void);
 
 #ifdef __cplusplus

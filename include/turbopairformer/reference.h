@@ -1,8 +1,9 @@
-// FP64 CPU reference of both ops, forward and backward: the oracle of every test and of
+// FP64 CPU reference of every op, forward and backward: the oracle of every test and of
 // `tpf check`. Takes the same parameter structs as the CUDA entry points, with host pointers of
 // any float dtype; computes in double and rounds once into each output's dtype.
 #pragma once
 #include "turbopairformer/attention.h"
+#include "turbopairformer/gate.h"
 #include "turbopairformer/layer_norm.h"
 #include "turbopairformer/swiglu.h"
 #include "turbopairformer/trimul.h"
@@ -25,5 +26,9 @@ Status layer_norm_backward(const LayerNormBackwardParams& p);
 // Writes y / dx (and y where present).
 Status swiglu_forward(const SwigluParams& p);
 Status swiglu_backward(const SwigluParams& p);
+
+// Writes y / dg, d_o (and y where present).
+Status sigmoid_gate_forward(const SigmoidGateParams& p);
+Status sigmoid_gate_backward(const SigmoidGateParams& p);
 
 }  // namespace tpf::reference

@@ -1,6 +1,7 @@
 // The whole public C++ API.
 #pragma once
 #include "turbopairformer/attention.h"
+#include "turbopairformer/gate.h"
 #include "turbopairformer/layer_norm.h"
 #include "turbopairformer/swiglu.h"
 #include "turbopairformer/reference.h"

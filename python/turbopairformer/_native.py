@@ -83,6 +83,7 @@ TpfAttentionArgs = _struct("tpf_attention_args", _KINDS)
 TpfTrimulArgs = _struct("tpf_trimul_args", _KINDS)
 TpfLayerNormArgs = _struct("tpf_layer_norm_args", _KINDS)
 TpfSwigluArgs = _struct("tpf_swiglu_args", _KINDS)
+TpfSigmoidGateArgs = _struct("tpf_sigmoid_gate_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
@@ -93,6 +94,9 @@ def _signatures(lib) -> None:
     sargs = ctypes.POINTER(TpfSwigluArgs)
     lib.tpf_swiglu_forward.argtypes = (sargs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_swiglu_backward.argtypes = lib.tpf_swiglu_forward.argtypes
+    gargs = ctypes.POINTER(TpfSigmoidGateArgs)
+    lib.tpf_sigmoid_gate_forward.argtypes = (gargs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_sigmoid_gate_backward.argtypes = lib.tpf_sigmoid_gate_forward.argtypes
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -144,6 +148,8 @@ def _signatures(lib) -> None:
         lib.tpf_layer_norm_backward,
         lib.tpf_swiglu_forward,
         lib.tpf_swiglu_backward,
+        lib.tpf_sigmoid_gate_forward,
+        lib.tpf_sigmoid_gate_backward,
     ):
         f.restype = ctypes.c_int
 

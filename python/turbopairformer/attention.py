@@ -33,6 +33,34 @@ def _forward_tensors(q, k, v, bias, mask, out, res, lse, compensate) -> dict:
     return dict(q=q, k=k, v=v, bias=bias, mask=mask, out=out, out_residual=residual, lse=lse)
 
 
+def forward_into(q, k, v, bias, mask, scale, compensate, out, res, lse) -> None:
+    """The forward kernel (the reference on the CPU) writing the given out, res (used when
+    compensate) and lse, any strides the core takes: what the custom op and the fused layer
+    (turbopairformer.layers) share."""
+    a = _args(scale, compensate, **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate))
+    with _calls.device_of(q):
+        _calls.check_call(_native.LIB.tpf_attention_forward, a, int(q.is_cuda), _calls.stream(q))
+
+
+def backward_into(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, dq, dk, dv, dbias):
+    """The backward writing the given dq, dk, dv and dbias (None: not computed), any strides
+    the core takes, e.g. views of one stacked projection's gradient."""
+    a = _args(
+        scale,
+        compensate,
+        **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate),
+        dout=dout,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        dbias=dbias,
+    )
+    lib = _native.LIB
+    _calls.call_with_workspace(
+        lib.tpf_attention_backward, lib.tpf_attention_backward_workspace_size, a, q
+    )
+
+
 @torch.library.custom_op("turbopairformer::triangle_attention_fwd", mutates_args=())
 def _attention_fwd(
     q: torch.Tensor,
@@ -46,9 +74,7 @@ def _attention_fwd(
     out = torch.empty_like(q)
     res = torch.empty_like(q) if compensate else q.new_empty(0)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    a = _args(scale, compensate, **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate))
-    with _calls.device_of(q):
-        _calls.check_call(_native.LIB.tpf_attention_forward, a, int(q.is_cuda), _calls.stream(q))
+    forward_into(q, k, v, bias, mask, scale, compensate, out, res, lse)
     return out, res, lse
 
 
@@ -77,20 +103,8 @@ def _attention_bwd(
         dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if need_dbias else bias.new_empty(0)
-    a = _args(
-        scale,
-        compensate,
-        **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate),
-        dout=dout,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        dbias=dbias if need_dbias else None,
-    )
-    lib = _native.LIB
-    _calls.call_with_workspace(
-        lib.tpf_attention_backward, lib.tpf_attention_backward_workspace_size, a, q
-    )
+    grads = (dq, dk, dv, dbias if need_dbias else None)
+    backward_into(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, *grads)
     return dq, dk, dv, dbias
 
 

@@ -28,11 +28,13 @@ bitwise repeatable.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import _norm, _swiglu
+from . import _gate, _norm, _swiglu, attention
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -262,3 +264,135 @@ def gated_linear(g: torch.Tensor, o: torch.Tensor, layer: nn.Linear) -> torch.Te
     if torch.compiler.is_compiling():
         return layer((torch.sigmoid(g) * o).flatten(-2))
     return _GatedLinear.apply(g, o, layer.weight, layer.bias)
+
+
+def _slice_order(starting: bool):
+    """The permutations between the layer's [B, I, J, H, c] and the kernel's [B, S, H, N, c]
+    (slice s, key n = (i, j) at the starting node, (j, i) at the ending node): (to, back)."""
+    return ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if starting else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
+
+
+def _bias_order(starting: bool):
+    """bias[b, 0, h, q, k] = zb[b, q, k, h] (starting) or zb[b, k, q, h] (ending)."""
+    return (0, 3, 1, 2) if starting else (0, 3, 2, 1)
+
+
+class _TriangleAttentionLayer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ln_w, ln_b, eps, w, b, wo, bo, mask, heads, starting, compensate):
+        cd = _compute_dtype(x)
+        H, c = heads
+        B, I, J, _ = x.shape
+        to, _ = _slice_order(starting)
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.contiguous()
+            xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [B, I, J, C]
+            wc = w.to(cd)  # [P, C]: q, k, v, g (H c each), the bias (H), zero padding
+            y = F.linear(xn, wc, None if b is None else b.to(cd))  # [B, I, J, P]
+            q, k, v = (y[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(3))
+            zb = y[..., 4 * H * c : 4 * H * c + H]  # [B, I, J, H]
+            bias = zb.permute(_bias_order(starting)).unsqueeze(1).contiguous()  # [B, 1, H, N, N]
+            o = y.new_empty(B, I, J, H, c)  # the attention output, in the layer's row order
+            res = torch.empty_like(o) if compensate else None
+            lse = torch.empty(B, I if starting else J, H, J if starting else I, device=x.device)
+            qs, ks, vs, os_ = (t.permute(to) for t in (q, k, v, o))  # [B, S, H, N, c] views
+            res_s = None if res is None else res.permute(to)
+            scale = 1.0 / math.sqrt(c)
+            attention.forward_into(qs, ks, vs, bias, mask, scale, compensate, os_, res_s, lse)
+            wo_c = wo.to(cd)  # [C, H c]
+            og = _gate.forward(_rows(y)[:, 3 * H * c : 4 * H * c], o.view(-1, H * c))  # [R, H c]
+            out = F.linear(og, wo_c, None if bo is None else bo.to(cd)).view(B, I, J, -1)
+        ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c)
+        ctx.eps, ctx.heads, ctx.starting, ctx.compensate, ctx.scale = (
+            eps,
+            heads,
+            starting,
+            compensate,
+            scale,
+        )
+        ctx.has_bias, ctx.has_out_bias, ctx.w_dtype = b is not None, bo is not None, w.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, mean, rstd, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c = ctx.saved_tensors
+        H, c = ctx.heads
+        Hc = H * c
+        to, _ = _slice_order(ctx.starting)
+        dout = dout.to(y.dtype)
+        dog = _rows(dout) @ wo_c  # [R, H c]
+        dy = torch.empty_like(y)  # the stacked projection's gradient, every block written in place
+        dg, d_o, og = _gate.backward(
+            _rows(y)[:, 3 * Hc : 4 * Hc], o.view(-1, H * c), dog, _rows(dy)[:, 3 * Hc : 4 * Hc]
+        )
+        dwo, dbo = _weight_grads(dout, og, ctx.w_dtype, ctx.has_out_bias)
+        dq, dk, dv = (
+            dy[..., t * Hc : (t + 1) * Hc].unflatten(-1, (H, c)).permute(to) for t in range(3)
+        )
+        q, k, v = (
+            y[..., t * Hc : (t + 1) * Hc].unflatten(-1, (H, c)).permute(to) for t in range(3)
+        )
+        dbias = torch.empty_like(bias)
+        res_s = None if res is None else res.permute(to)
+        attention.backward_into(
+            d_o.view(o.shape).permute(to),
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            o.permute(to),
+            res_s,
+            lse,
+            ctx.scale,
+            ctx.compensate,
+            dq,
+            dk,
+            dv,
+            dbias,
+        )
+        order = _bias_order(ctx.starting)
+        inverse = sorted(range(4), key=order.__getitem__)
+        dy[..., 4 * Hc : 4 * Hc + H].copy_(dbias[:, 0].permute(inverse))
+        dy[..., 4 * Hc + H :].zero_()
+        dxn = dy @ wc  # [B, I, J, C]
+        dw, db = _weight_grads(dy, xn, ctx.w_dtype, ctx.has_bias)
+        dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd))
+        return dx, dln_w, dln_b, None, dw, db, dwo, dbo, None, None, None, None
+
+
+def triangle_attention_layer(
+    x: torch.Tensor,
+    norm: nn.LayerNorm,
+    projections,
+    out: nn.Linear,
+    heads,
+    mask,
+    starting: bool,
+    compensate: bool = True,
+) -> torch.Tensor:
+    """OpenFold3's TriangleAttention around one node as one autograd node: x [B, I, J, C] ->
+    out(sigmoid(g) * attention(q, k, v, bias)) [B, I, J, C]. projections: the q, k, v, gate and
+    bias nn.Linear layers (stacked into one GEMM); heads: (H, c) with c a head dim the kernels
+    run natively; mask: [B, S, 1, 1, N] bool in the kernel's slice order, or None.
+
+    The attention reads q, k, v from the stacked projection through strides and writes its
+    output in the layer's row order; in the backward the gate and the attention write dg, dq,
+    dk and dv straight into the stacked projection's gradient, so no gradient is copied but the
+    bias's (H values a pair). The saved set is x, norm(x), the projection, the attention output
+    (with its residual) and the contiguous bias."""
+    w, b = _stacked(projections, 8)
+    return _TriangleAttentionLayer.apply(
+        x,
+        norm.weight,
+        norm.bias,
+        norm.eps,
+        w,
+        b,
+        out.weight,
+        out.bias,
+        mask,
+        tuple(heads),
+        starting,
+        compensate,
+    )

@@ -13,8 +13,14 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .attention import triangle_attention
-from .layers import gated_linear, norm_linear
+from .attention import NATIVE_HEAD_DIMS, triangle_attention
+from .layers import (
+    _bias_order,
+    _slice_order,
+    gated_linear,
+    norm_linear,
+    triangle_attention_layer,
+)
 from .trimul import triangle_multiplicative_update
 
 
@@ -35,8 +41,10 @@ class TriangleAttention(nn.Module):
     starting=False, the ending node (Algorithm 15), on a pair tensor x: [*, I, J, c_in].
 
     The LayerNorm feeds one GEMM for q, k, v, the gate and the pair bias; the kernel reads q, k,
-    v straight from its output through strides (the ending node too: no transposed copy of x or
-    of the output). c_hidden is the per-head width (OpenFold3's convention): a multiple of 8 up
+    v straight from its output through strides and writes its output in x's row order (the
+    ending node too: no transposed copy of x or of the output). In eager mode the whole layer is
+    one autograd node (layers.triangle_attention_layer) whose backward writes every projection
+    gradient in place. c_hidden is the per-head width (OpenFold3's convention): a multiple of 8 up
     to 128 (16, 32, 64 and 128 run natively, the others zero-padded). mask: [*, I, J], 1 = valid.
     """
 
@@ -59,6 +67,14 @@ class TriangleAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.attend(x, mask, self.starting)
 
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Whether the layer runs as one autograd node (layers.triangle_attention_layer): in
+        eager mode, at a head dim the kernels run natively (or on the CPU's reference). Under
+        torch.compile the composed ops below let inductor fuse the glue itself."""
+        if torch.compiler.is_compiling() or x.numel() == 0:
+            return False
+        return not x.is_cuda or self.c_hidden in NATIVE_HEAD_DIMS
+
     def attend(self, x, mask, starting: bool, gather_rows=None) -> torch.Tensor:
         """The layer around one node: forward() with starting=self.starting. gather_rows, for a
         row shard of the pair tensor (turbopairformer.distributed), turns this shard's rows of
@@ -69,24 +85,26 @@ class TriangleAttention(nn.Module):
         H, c = self.no_heads, self.c_hidden
         m = self.mha
         layers = (m.linear_q, m.linear_k, m.linear_v, m.linear_g, self.linear_z)
+        attn_mask = None
+        if mask is not None:
+            mask = mask.reshape(B, I, J).to(torch.bool)
+            attn_mask = (mask if starting else mask.transpose(-1, -2))[:, :, None, None, :]
+        if gather_rows is None and self._fused(x):
+            out = triangle_attention_layer(
+                x, self.layer_norm, layers, m.linear_o, (H, c), attn_mask, starting, self.compensate
+            )
+            return out.reshape(*lead, I, J, self.c_in)
         # q, k, v, g: [B, I, J, H, c], zb: [B, I, J, H], views of one [B, I, J, P]
         q, k, v, g, zb = norm_linear(x, self.layer_norm, layers, 8, [(H, c)] * 4 + [None])
         # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
         # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views.
-        order, back = (
-            ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if starting else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
-        )
+        order, back = _slice_order(starting)
         q, k, v = (t.permute(order) for t in (q, k, v))
         # bias[b, h, q, k] = z[q, k, h] (starting) or z[k, q, h] (ending): [B, 1, H, N, N],
         # contiguous so that the kernel streams it with vector loads (H N^2 values)
         if gather_rows is not None:
             zb = gather_rows(zb)  # [B, N, J, H]: every row of the bias
-        bias = zb.permute(0, 3, 1, 2) if starting else zb.permute(0, 3, 2, 1)
-        bias = bias.unsqueeze(1).contiguous()
-        attn_mask = None
-        if mask is not None:
-            mask = mask.reshape(B, I, J).to(torch.bool)
-            attn_mask = (mask if starting else mask.transpose(-1, -2))[:, :, None, None, :]
+        bias = zb.permute(_bias_order(starting)).unsqueeze(1).contiguous()
         o = triangle_attention(
             q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c), compensate=self.compensate
         )  # [B, S, H, N, c]

@@ -1,7 +1,7 @@
 // SwiGLU: validation and CUDA entry points.
 #include <string>
 
-#include "activation/swiglu_kernels.h"
+#include "activation/kernels.h"
 #include "common/cuda_check.h"
 #include "common/validate.h"
 #include "turbopairformer/swiglu.h"
@@ -25,7 +25,12 @@ Status check_like(const Checker& c, const char* arg, const TensorView& t, const 
 
 act::Shape shape_of(const SwigluParams& p) {
   const int64_t H = p.x.shape[p.x.rank - 1] / 2;
-  return {H ? p.x.numel() / (2 * H) : 0, H};
+  return {act::Gate::kSilu, H ? p.x.numel() / (2 * H) : 0, H, p.x.dtype};
+}
+
+// Columns [col, col + H) of the contiguous rows of t, whose width is `width`.
+act::Rows columns(const TensorView& t, int64_t col, int64_t width) {
+  return {static_cast<const char*>(t.data) + col * dtype_size(t.dtype), width};
 }
 
 }  // namespace
@@ -63,7 +68,9 @@ Status swiglu_forward(const SwigluParams& p, cudaStream_t stream) {
   constexpr const char* kOp = "swiglu";
   TPF_RETURN_IF_ERROR(validate_swiglu(p, false, true));
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(kOp, stream, {{"x", p.x.data}, {"y", p.y.data}}));
-  return detail::cuda_status(kOp, act::forward(shape_of(p), p.x.dtype, p.x.data, p.y.data, stream));
+  const act::Shape s = shape_of(p);
+  return detail::cuda_status(
+      kOp, act::forward(s, columns(p.x, 0, 2 * s.W), columns(p.x, s.W, 2 * s.W), columns(p.y, 0, s.W), stream));
 }
 
 Status swiglu_backward(const SwigluParams& p, cudaStream_t stream) {
@@ -71,8 +78,11 @@ Status swiglu_backward(const SwigluParams& p, cudaStream_t stream) {
   TPF_RETURN_IF_ERROR(validate_swiglu(p, true, true));
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       kOp, stream, {{"x", p.x.data}, {"y", p.y.data}, {"dy", p.dy.data}, {"dx", p.dx.data}}));
-  return detail::cuda_status(
-      kOp, act::backward(shape_of(p), p.x.dtype, p.x.data, p.dy.data, p.dx.data, p.y.data, stream));
+  const act::Shape s = shape_of(p);
+  const int64_t H = s.W;
+  return detail::cuda_status(kOp, act::backward(s, columns(p.x, 0, 2 * H), columns(p.x, H, 2 * H), columns(p.dy, 0, H),
+                                                columns(p.dx, 0, 2 * H), columns(p.dx, H, 2 * H),
+                                                columns(p.y, 0, H), stream));
 }
 
 }  // namespace tpf

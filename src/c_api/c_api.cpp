@@ -70,6 +70,10 @@ tpf::LayerNormBackwardParams layer_norm_backward_params(const tpf_layer_norm_arg
 
 tpf::SwigluParams swiglu_params(const tpf_swiglu_args& a) { return {view(a.x), view(a.y), view(a.dy), view(a.dx)}; }
 
+tpf::SigmoidGateParams sigmoid_gate_params(const tpf_sigmoid_gate_args& a) {
+  return {view(a.g), view(a.o), view(a.y), view(a.dy), view(a.dg), view(a.d_o)};
+}
+
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -103,6 +107,10 @@ const tpf_abi_field kAbiFields[] = {
     {"tpf_swiglu_args", "", "struct", 0, sizeof(tpf_swiglu_args)},
     TPF_ROW_(tpf_swiglu_args, x, "tensor") TPF_ROW_(tpf_swiglu_args, y, "tensor")
     TPF_ROW_(tpf_swiglu_args, dy, "tensor") TPF_ROW_(tpf_swiglu_args, dx, "tensor")
+    {"tpf_sigmoid_gate_args", "", "struct", 0, sizeof(tpf_sigmoid_gate_args)},
+    TPF_ROW_(tpf_sigmoid_gate_args, g, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, o, "tensor")
+    TPF_ROW_(tpf_sigmoid_gate_args, y, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, dy, "tensor")
+    TPF_ROW_(tpf_sigmoid_gate_args, dg, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, d_o, "tensor")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -229,6 +237,22 @@ int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, 
   const auto p = swiglu_params(*a);
   return report(on_gpu ? tpf::swiglu_backward(p, static_cast<cudaStream_t>(stream))
                        : tpf::reference::swiglu_backward(p),
+                err, err_len);
+}
+
+int tpf_sigmoid_gate_forward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
+                             size_t err_len) {
+  const auto p = sigmoid_gate_params(*a);
+  return report(on_gpu ? tpf::sigmoid_gate_forward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::sigmoid_gate_forward(p),
+                err, err_len);
+}
+
+int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
+                              size_t err_len) {
+  const auto p = sigmoid_gate_params(*a);
+  return report(on_gpu ? tpf::sigmoid_gate_backward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::sigmoid_gate_backward(p),
                 err, err_len);
 }
 

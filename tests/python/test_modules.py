@@ -41,8 +41,13 @@ def test_state_dict_keys_match_openfold3():
     assert set(tpf.TriangleAttentionEndingNode(8, 8, 2, bias=False).state_dict()) == af3
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("starting", [True, False])
-def test_matches_openfold3_module_on_cpu(starting):
+def test_matches_openfold3_module_on_cpu(starting, fused, monkeypatch):
+    """Both eager forms of the layer: the one autograd node (layers.triangle_attention_layer) and
+    the composed ops that torch.compile and the row-sharded path use."""
+    if not fused:
+        monkeypatch.setattr(tpf.TriangleAttention, "_fused", lambda self, x: False)
     torch.manual_seed(0)
     x, mask = pair()
     assert_module_matches(
@@ -107,3 +112,61 @@ def test_four_block_stack_trains_deterministically_under_compile():
     assert l1[-1] < 0.9 * l1[0], (l1[0], l1[-1])
     assert l1 == l2
     assert all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+def _layer_grads(module, x, mask, dy):
+    """(output, dx, {name: grad}) of one bf16-autocast forward + backward."""
+    module.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.dtype != torch.float64):
+        y = module(x, mask)
+    y.backward(dy.to(y.dtype))
+    return (
+        y.detach().double(),
+        x.grad.double(),
+        {n: p.grad.double() for n, p in module.named_parameters()},
+    )
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@requires_gpu
+@pytest.mark.parametrize("starting", [True, False])
+@pytest.mark.parametrize("N", [1, 7, 100])
+def test_fused_layer_on_gpu_is_as_accurate_as_the_composed_ops(starting, N, monkeypatch):
+    """The one-node layer (layers.triangle_attention_layer) against the FP64 OpenFold3 module, next
+    to the composed ops it replaces in eager mode: output, dx and every parameter gradient, with
+    padded tokens (their rows fully masked) and the loss over valid pairs; repeated bitwise."""
+    torch.manual_seed(N)
+    ref = OpenFold3TriangleAttention(64, 32, 4, starting=starting).cuda().double()
+    for p in ref.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ours = tpf.TriangleAttention(64, 32, 4, starting=starting).cuda()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(1, N, N, 64, device="cuda")
+    tokens = torch.ones(N, device="cuda")
+    tokens[N - N // 7 :] = 0  # padded tokens: their rows and columns masked
+    mask = (tokens[:, None] * tokens[None, :])[None]
+    dy = torch.randn(1, N, N, 64, device="cuda", dtype=torch.float64) * mask[..., None]
+    want = _layer_grads(ref, x.double(), mask, dy)
+    fused = _layer_grads(ours, x, mask, dy)
+    again = _layer_grads(ours, x, mask, dy)
+    assert torch.equal(fused[1], again[1]) and all(
+        torch.equal(fused[2][n], again[2][n]) for n in fused[2]
+    )
+    monkeypatch.setattr(tpf.TriangleAttention, "_fused", lambda self, x: False)
+    composed = _layer_grads(ours, x, mask, dy)
+    valid = mask[..., None].double()
+    pairs = [
+        ("out", fused[0] * valid, composed[0] * valid, want[0] * valid),
+        ("dx", fused[1], composed[1], want[1]),
+    ]
+    pairs += [(n, fused[2][n], composed[2][n], want[2][n]) for n in want[2]]
+    for name, f, c, w in pairs:
+        ef, ec = _rel(f, w), _rel(c, w)
+        print(f"{name}: fused {ef:.2e} composed {ec:.2e}")
+        assert torch.isfinite(f).all(), name
+        assert ef <= 1.25 * ec + 2.0**-10, (name, ef, ec)  # no worse than the ops it replaces
+        assert ef < 2e-2, (name, ef)

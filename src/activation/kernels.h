@@ -1,0 +1,33 @@
+// Host launchers of the gated-activation kernels (gated.cu): y = f(a) * b row by row over
+// [rows, W] operands, each with its own row stride, for
+//   kSilu     f(a) = a sigmoid(a)   the SwiGLU of the transitions (a, b the halves of one row)
+//   kSigmoid  f(a) = sigmoid(a)     the gate of the attention layers (a the gate, b the output)
+// W a multiple of 8; every pointer and row stride 16-byte aligned. Each returns the launch error.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "turbopairformer/tensor.h"
+
+namespace tpf::act {
+
+enum class Gate { kSilu, kSigmoid };
+
+struct Shape {
+  Gate gate;
+  int64_t rows, W;
+  DType dtype;
+};
+
+// Row r of an operand starts at p + r * stride (elements of the shape's dtype).
+struct Rows {
+  const void* p;
+  int64_t stride;
+};
+
+cudaError_t forward(const Shape& s, Rows a, Rows b, Rows y, cudaStream_t st);
+// da = dy b f'(a), db = dy f(a), and y = f(a) b again (bitwise the forward's) where y.p is set.
+cudaError_t backward(const Shape& s, Rows a, Rows b, Rows dy, Rows da, Rows db, Rows y, cudaStream_t st);
+
+}  // namespace tpf::act
