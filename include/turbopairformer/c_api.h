@@ -57,7 +57,7 @@ typedef struct tpf_trimul_args {
 
 /* The tensors of the LayerNorm struct, in order: the forward's, then the backward's own. */
 #define TPF_LAYER_NORM_FWD_TENSORS(X) X(x) X(weight) X(bias) X(y) X(mean) X(rstd)
-#define TPF_LAYER_NORM_BWD_TENSORS(X) X(dy) X(dx) X(dweight) X(dbias)
+#define TPF_LAYER_NORM_BWD_TENSORS(X) X(dy) X(dx) X(dweight) X(dbias) X(dx_in)
 #define TPF_LAYER_NORM_TENSORS(X) TPF_LAYER_NORM_FWD_TENSORS(X) TPF_LAYER_NORM_BWD_TENSORS(X)
 
 #define TPF_TENSOR_FIELD_(name) tpf_tensor name;

@@ -25,6 +25,9 @@ struct LayerNormBackwardParams {
   LayerNormForwardParams fwd;  // x, weight, bias, eps as in the forward; mean and rstd required
   TensorView dy;               // y's shape and dtype, contiguous
   TensorView dx;               // x's shape and dtype, contiguous, written
+  TensorView dx_in;            // x's shape and dtype, contiguous, optional: added to dx (it may be
+                               //   dx itself), so that the gradient of a residual around the
+                               //   layer joins dx in the same pass
   TensorView dweight, dbias;   // their parameter's shape and dtype, optional, written
 };
 

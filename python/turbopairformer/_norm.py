@@ -54,13 +54,26 @@ def forward(x, weight, bias, eps: float, out_dtype: torch.dtype):
     return y, mean, rstd
 
 
-def backward(dy, x, weight, bias, eps: float, mean, rstd, need_weight: bool, need_bias: bool):
-    """(dx, dweight, dbias) of forward's y = LayerNorm(x); dweight/dbias None unless asked."""
+def backward(
+    dy, x, weight, bias, eps: float, mean, rstd, need_weight: bool, need_bias: bool, dx_in=None
+):
+    """(dx, dweight, dbias) of forward's y = LayerNorm(x); dweight/dbias None unless asked.
+    dx_in (x's shape and dtype, contiguous): added to dx in the same pass."""
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     dw = torch.empty_like(weight) if need_weight and weight is not None else None
     db = torch.empty_like(bias) if need_bias and bias is not None else None
     a = _args(
-        eps, x=x, weight=weight, bias=bias, mean=mean, rstd=rstd, dy=dy, dx=dx, dweight=dw, dbias=db
+        eps,
+        x=x,
+        weight=weight,
+        bias=bias,
+        mean=mean,
+        rstd=rstd,
+        dy=dy,
+        dx=dx,
+        dweight=dw,
+        dbias=db,
+        dx_in=dx_in,
     )
     lib = _native.LIB
     _calls.call_with_workspace(

@@ -85,13 +85,18 @@ def _norm_forward(x, ln_w, ln_b, eps, cd):
     return xn.to(cd), (mean, rstd), False
 
 
-def _norm_backward(ctx, dxn, x, ln_w, ln_b, stats):
-    """(dx, d ln_w, d ln_b) from the gradient of _norm_forward's output; ln_w, ln_b are the
-    node's inputs 1 and 2 (their gradients computed only where autograd asks)."""
+def _norm_backward(ctx, dxn, x, ln_w, ln_b, stats, dx_in=None):
+    """(dx, d ln_w, d ln_b) from the gradient of _norm_forward's output, plus dx_in (a
+    residual's gradient, added in the kernel's pass) where given; ln_w, ln_b are the node's
+    inputs 1 and 2 (their gradients computed only where autograd asks)."""
     need = ctx.needs_input_grad
     if ctx.on_kernel:
-        return _norm.backward(dxn.contiguous(), x, ln_w, ln_b, ctx.eps, *stats, need[1], need[2])
-    return torch.ops.aten.native_layer_norm_backward(
+        if dx_in is not None:
+            dx_in = dx_in.to(x.dtype).contiguous()
+        return _norm.backward(
+            dxn.contiguous(), x, ln_w, ln_b, ctx.eps, *stats, need[1], need[2], dx_in
+        )
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
         dxn.to(x.dtype),
         x,
         [x.shape[-1]],
@@ -100,6 +105,20 @@ def _norm_backward(ctx, dxn, x, ln_w, ln_b, stats):
         ln_b,
         [True, ln_w is not None, ln_b is not None],
     )
+    return (dx if dx_in is None else dx + dx_in), dw, db
+
+
+def residual_add(z: torch.Tensor, out: torch.Tensor, scale=None) -> torch.Tensor:
+    """z + scale * out (scale None: 1; else broadcastable to out, e.g. a shared dropout mask or
+    a row mask) as one kernel in z's precision, so that the scaled update is never written."""
+    return z + out if scale is None else torch.addcmul(z, out, scale)
+
+
+def _branch_grad(dz: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
+    """The gradient of a residual branch from the residual's: dz * scale in dtype, one pass."""
+    if scale is None:
+        return dz.to(dtype)
+    return torch.mul(dz, scale, out=torch.empty(dz.shape, dtype=dtype, device=dz.device))
 
 
 class _NormLinear(torch.autograd.Function):
@@ -146,7 +165,7 @@ class _LayerNorm(torch.autograd.Function):
 
 class _SwiGLUTransition(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ln_w, ln_b, eps, wa, wb, wo):
+    def forward(ctx, x, ln_w, ln_b, eps, wa, wb, wo, residual, scale):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x = x.contiguous()
@@ -155,32 +174,43 @@ class _SwiGLUTransition(torch.autograd.Function):
             wo_c = wo.to(cd)  # [C, H]
             ab = F.linear(xn, wab)  # [*, 2H]
             out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
-        ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, ab, wab, wo_c)
-        ctx.eps, ctx.w_dtype = eps, wa.dtype
+            if residual:
+                out = residual_add(x, out, scale)
+        ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, ab, wab, wo_c, scale)
+        ctx.eps, ctx.w_dtype, ctx.residual = eps, wa.dtype, residual
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c = ctx.saved_tensors
-        dout = dout.to(ab.dtype)
+        x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c, scale = ctx.saved_tensors
+        dz = dout if ctx.residual else None
+        dout = _branch_grad(dout, scale if ctx.residual else None, ab.dtype)
         dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
         dwo, _ = _weight_grads(dout, h, ctx.w_dtype, False)
         dwab, _ = _weight_grads(dab, xn, ctx.w_dtype, False)
-        dx, dln_w, dln_b = _norm_backward(ctx, dab @ wab, x, ln_w, ln_b, (mean, rstd))
+        dx, dln_w, dln_b = _norm_backward(ctx, dab @ wab, x, ln_w, ln_b, (mean, rstd), dz)
         H = wab.shape[0] // 2
-        return dx, dln_w, dln_b, None, dwab[:H], dwab[H:], dwo
+        return dx, dln_w, dln_b, None, dwab[:H], dwab[H:], dwo, None, None
 
 
 def swiglu_transition(
-    x: torch.Tensor, norm: nn.LayerNorm, a: nn.Linear, b: nn.Linear, out: nn.Linear
+    x: torch.Tensor,
+    norm: nn.LayerNorm,
+    a: nn.Linear,
+    b: nn.Linear,
+    out: nn.Linear,
+    residual: bool = False,
+    scale=None,
 ) -> torch.Tensor:
     """out(silu(a(norm(x))) * b(norm(x))) for bias-free a, b and out (OpenFold3's
-    SwiGLUTransition)."""
+    SwiGLUTransition); with residual=True, residual_add(x, that, scale) from the same node, whose
+    backward adds x's pass-through gradient in the LayerNorm backward's pass."""
     if torch.compiler.is_compiling():
         y = norm(x)
-        return out(F.silu(a(y)) * b(y))
+        t = out(F.silu(a(y)) * b(y))
+        return residual_add(x, t, scale) if residual else t
     return _SwiGLUTransition.apply(
-        x, norm.weight, norm.bias, norm.eps, a.weight, b.weight, out.weight
+        x, norm.weight, norm.bias, norm.eps, a.weight, b.weight, out.weight, residual, scale
     )
 
 
@@ -279,7 +309,9 @@ def _bias_order(starting: bool):
 
 class _TriangleAttentionLayer(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ln_w, ln_b, eps, w, b, wo, bo, mask, heads, starting, compensate):
+    def forward(
+        ctx, x, ln_w, ln_b, eps, w, b, wo, bo, mask, heads, starting, compensate, residual, scale
+    ):
         cd = _compute_dtype(x)
         H, c = heads
         B, I, J, _ = x.shape
@@ -297,29 +329,34 @@ class _TriangleAttentionLayer(torch.autograd.Function):
             lse = torch.empty(B, I if starting else J, H, J if starting else I, device=x.device)
             qs, ks, vs, os_ = (t.permute(to) for t in (q, k, v, o))  # [B, S, H, N, c] views
             res_s = None if res is None else res.permute(to)
-            scale = 1.0 / math.sqrt(c)
-            attention.forward_into(qs, ks, vs, bias, mask, scale, compensate, os_, res_s, lse)
+            softmax_scale = 1.0 / math.sqrt(c)
+            attention.forward_into(
+                qs, ks, vs, bias, mask, softmax_scale, compensate, os_, res_s, lse
+            )
             wo_c = wo.to(cd)  # [C, H c]
             og = _gate.forward(_rows(y)[:, 3 * H * c : 4 * H * c], o.view(-1, H * c))  # [R, H c]
             out = F.linear(og, wo_c, None if bo is None else bo.to(cd)).view(B, I, J, -1)
-        ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c)
-        ctx.eps, ctx.heads, ctx.starting, ctx.compensate, ctx.scale = (
-            eps,
-            heads,
-            starting,
-            compensate,
-            scale,
+            if residual:
+                out = residual_add(x, out, scale)
+        ctx.save_for_backward(
+            x, *stats, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c, scale
         )
+        ctx.residual = residual
+        ctx.eps, ctx.heads, ctx.starting, ctx.compensate = eps, heads, starting, compensate
+        ctx.softmax_scale = softmax_scale
         ctx.has_bias, ctx.has_out_bias, ctx.w_dtype = b is not None, bo is not None, w.dtype
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        x, mean, rstd, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c = ctx.saved_tensors
+        x, mean, rstd, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c, scale = (
+            ctx.saved_tensors
+        )
         H, c = ctx.heads
         Hc = H * c
         to, _ = _slice_order(ctx.starting)
-        dout = dout.to(y.dtype)
+        dz = dout if ctx.residual else None
+        dout = _branch_grad(dout, scale if ctx.residual else None, y.dtype)
         dog = _rows(dout) @ wo_c  # [R, H c]
         dy = torch.empty_like(y)  # the stacked projection's gradient, every block written in place
         dg, d_o, og = _gate.backward(
@@ -344,7 +381,7 @@ class _TriangleAttentionLayer(torch.autograd.Function):
             o.permute(to),
             res_s,
             lse,
-            ctx.scale,
+            ctx.softmax_scale,
             ctx.compensate,
             dq,
             dk,
@@ -357,8 +394,8 @@ class _TriangleAttentionLayer(torch.autograd.Function):
         dy[..., 4 * Hc + H :].zero_()
         dxn = dy @ wc  # [B, I, J, C]
         dw, db = _weight_grads(dy, xn, ctx.w_dtype, ctx.has_bias)
-        dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd))
-        return dx, dln_w, dln_b, None, dw, db, dwo, dbo, None, None, None, None
+        dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd), dz)
+        return dx, dln_w, dln_b, None, dw, db, dwo, dbo, None, None, None, None, None, None
 
 
 def triangle_attention_layer(
@@ -370,6 +407,8 @@ def triangle_attention_layer(
     mask,
     starting: bool,
     compensate: bool = True,
+    residual: bool = False,
+    scale=None,
 ) -> torch.Tensor:
     """OpenFold3's TriangleAttention around one node as one autograd node: x [B, I, J, C] ->
     out(sigmoid(g) * attention(q, k, v, bias)) [B, I, J, C]. projections: the q, k, v, gate and
@@ -380,7 +419,9 @@ def triangle_attention_layer(
     output in the layer's row order; in the backward the gate and the attention write dg, dq,
     dk and dv straight into the stacked projection's gradient, so no gradient is copied but the
     bias's (H values a pair). The saved set is x, norm(x), the projection, the attention output
-    (with its residual) and the contiguous bias."""
+    (with its rounding residual) and the contiguous bias. residual=True returns
+    residual_add(x, that, scale), and the backward adds x's pass-through gradient in the
+    LayerNorm backward's pass."""
     w, b = _stacked(projections, 8)
     return _TriangleAttentionLayer.apply(
         x,
@@ -395,4 +436,6 @@ def triangle_attention_layer(
         tuple(heads),
         starting,
         compensate,
+        residual,
+        scale,
     )

@@ -19,6 +19,7 @@ from .layers import (
     _slice_order,
     gated_linear,
     norm_linear,
+    residual_add,
     triangle_attention_layer,
 )
 from .trimul import triangle_multiplicative_update
@@ -75,10 +76,19 @@ class TriangleAttention(nn.Module):
             return False
         return not x.is_cuda or self.c_hidden in NATIVE_HEAD_DIMS
 
-    def attend(self, x, mask, starting: bool, gather_rows=None) -> torch.Tensor:
+    def residual_update(self, x, mask=None, scale=None) -> torch.Tensor:
+        """x + scale * self(x, mask) (scale: None or broadcastable to x, e.g. a shared dropout
+        mask), in eager mode from the layer's one node, whose backward adds x's pass-through
+        gradient in the LayerNorm backward's pass instead of a separate sum."""
+        return self.attend(x, mask, self.starting, residual=True, scale=scale)
+
+    def attend(
+        self, x, mask, starting: bool, gather_rows=None, residual=False, scale=None
+    ) -> torch.Tensor:
         """The layer around one node: forward() with starting=self.starting. gather_rows, for a
         row shard of the pair tensor (turbopairformer.distributed), turns this shard's rows of
-        the bias projection into all N rows; it is only valid with starting=True."""
+        the bias projection into all N rows; it is only valid with starting=True. residual:
+        return x + scale * the layer's output (residual_update)."""
         lead = x.shape[:-3]
         x = x.reshape(-1, *x.shape[-3:])  # [B, I, J, C]
         B, I, J, _ = x.shape
@@ -91,7 +101,16 @@ class TriangleAttention(nn.Module):
             attn_mask = (mask if starting else mask.transpose(-1, -2))[:, :, None, None, :]
         if gather_rows is None and self._fused(x):
             out = triangle_attention_layer(
-                x, self.layer_norm, layers, m.linear_o, (H, c), attn_mask, starting, self.compensate
+                x,
+                self.layer_norm,
+                layers,
+                m.linear_o,
+                (H, c),
+                attn_mask,
+                starting,
+                self.compensate,
+                residual,
+                scale,
             )
             return out.reshape(*lead, I, J, self.c_in)
         # q, k, v, g: [B, I, J, H, c], zb: [B, I, J, H], views of one [B, I, J, P]
@@ -109,6 +128,8 @@ class TriangleAttention(nn.Module):
             q, k, v, bias, attn_mask, scale=1.0 / math.sqrt(c), compensate=self.compensate
         )  # [B, S, H, N, c]
         out = gated_linear(g, o.permute(back), m.linear_o)  # [B, I, J, C]
+        if residual:
+            out = residual_add(x, out, scale)
         return out.reshape(*lead, I, J, self.c_in)
 
 

@@ -26,7 +26,7 @@ from .modules import (
     TriangleMultiplicativeUpdate,
     _GatedAttentionProjections,
 )
-from .layers import gated_linear, norm_linear, swiglu_transition
+from .layers import _compute_dtype, gated_linear, norm_linear, residual_add, swiglu_transition
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -38,14 +38,14 @@ def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torc
     return x * F.dropout(x.new_ones(shape), p, True)
 
 
-def _add_dropped(z: torch.Tensor, x: torch.Tensor, p: float, training: bool, dim: int):
-    """z + _shared_dropout(x, ...) as one kernel (addcmul), so that the dropped update is never
-    written out; the product is formed in z's precision."""
+def _dropout_scale(z: torch.Tensor, p: float, training: bool, dim: int):
+    """The mask of a dropout shared along `dim` (OpenFold3's Dropout(batch_dim=dim)) for an
+    update of z's shape, in the update's dtype (autocast's, else z's); None when off."""
     if not training or p == 0.0:
-        return z + x
-    shape = list(x.shape)
+        return None
+    shape = list(z.shape)
     shape[dim] = 1
-    return torch.addcmul(z, x, F.dropout(x.new_ones(shape), p, True))
+    return F.dropout(z.new_ones(shape, dtype=_compute_dtype(z)), p, True)
 
 
 class SwiGLUTransition(nn.Module):
@@ -62,11 +62,18 @@ class SwiGLUTransition(nn.Module):
         self.linear_out = nn.Linear(n * c_in, c_in, bias=False)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # two GEMMs, not one stacked: silu and the product then run on contiguous halves,
-        # which PyTorch's elementwise kernels vectorise (docs/perf-history.md, 2026-12-02)
         sw = self.swiglu
         x = swiglu_transition(x, self.layer_norm, sw.linear_a, sw.linear_b, self.linear_out)
         return x if mask is None else x * mask.unsqueeze(-1).to(x.dtype)
+
+    def residual_update(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None):
+        """x + self(x, mask) from one node (the mask scales the update in the residual add),
+        whose backward adds x's pass-through gradient in the LayerNorm backward's pass."""
+        scale = None if mask is None else mask.unsqueeze(-1).to(_compute_dtype(x))
+        sw = self.swiglu
+        return swiglu_transition(
+            x, self.layer_norm, sw.linear_a, sw.linear_b, self.linear_out, True, scale
+        )
 
 
 class AttentionPairBias(nn.Module):
@@ -128,14 +135,15 @@ class PairBlock(nn.Module):
         self.pair_transition = SwiGLUTransition(c_z, transition_n)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        def add(z, x, dim):
-            return _add_dropped(z, x, self.pair_dropout, self.training, dim)
+        def drop(dim):
+            return _dropout_scale(z, self.pair_dropout, self.training, dim)
 
-        z = add(z, self.tri_mul_out(z, pair_mask), -3)
-        z = add(z, self.tri_mul_in(z, pair_mask), -3)
-        z = add(z, self.tri_att_start(z, pair_mask), -3)
-        z = add(z, self.tri_att_end(z, pair_mask), -2)  # column-wise: the transposed rows
-        return z + self.pair_transition(z, pair_mask)
+        z = residual_add(z, self.tri_mul_out(z, pair_mask), drop(-3))
+        z = residual_add(z, self.tri_mul_in(z, pair_mask), drop(-3))
+        # the attention layers and the transition own their residual add (one node each way)
+        z = self.tri_att_start.residual_update(z, pair_mask, drop(-3))
+        z = self.tri_att_end.residual_update(z, pair_mask, drop(-2))  # column-wise
+        return self.pair_transition.residual_update(z, pair_mask)
 
 
 class PairformerBlock(nn.Module):

@@ -30,9 +30,10 @@ size_t backward_partials_bytes(const Rows& r);
 
 cudaError_t forward(const Rows& r, const void* x, DType x_dtype, Param weight, Param bias, void* y,
                     DType y_dtype, float* mean, float* rstd, cudaStream_t s);
-// dx, and dweight / dbias where requested (through `partials`, backward_partials_bytes).
+// dx (+ dx_in where set), and dweight / dbias where requested (through `partials`,
+// backward_partials_bytes).
 cudaError_t backward(const Rows& r, const void* x, DType x_dtype, const void* dy, DType dy_dtype,
-                     Param weight, const float* mean, const float* rstd, void* dx, Grad dweight,
+                     Param weight, const float* mean, const float* rstd, void* dx, const void* dx_in, Grad dweight,
                      Grad dbias, float* partials, cudaStream_t s);
 
 }  // namespace tpf::norm

@@ -110,11 +110,11 @@ __device__ __forceinline__ void block_partials(float (&sw)[4 * kUnits], float (&
 template <class Tx, class Tdy, int kUnits>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(Rows r, const Tx* x, const Tdy* dy, Param weight, const float* mean, const float* rstd,
-                    Tx* dx, float* partials) {
+                    Tx* dx, const Tx* dx_in, float* partials) {
   __shared__ float smem[kWarps * 2 * kMaxW];  // weight first, then the warps' partials
   stage_params(smem, weight, Param{nullptr, DType::kFP32}, r.W);
   const Slot sl;
-  const bool vx = aligned16(x), vdy = aligned16(dy), vdx = aligned16(dx);
+  const bool vx = aligned16(x), vdy = aligned16(dy), vdx = aligned16(dx) && aligned16(dx_in);
   float gw[4 * kUnits];  // [4u + e] weight of channel sl.channel(u) + e
 #pragma unroll
   for (int u = 0; u < kUnits; ++u)
@@ -142,8 +142,16 @@ __global__ void __launch_bounds__(kThreads)
     rows::norm_backward(g, xh, r.W, rs);
     if (!in) continue;
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u)
-      if (u < r.W / 32) rows::store4(dx + m * r.W + sl.channel(u), g + 4 * u, vdx);
+    for (int u = 0; u < kUnits; ++u) {
+      if (u >= r.W / 32) continue;
+      if (dx_in) {  // read before the store: dx_in may be dx
+        float add[4];
+        rows::load4(add, dx_in + m * r.W + sl.channel(u), vdx);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) g[4 * u + e] += add[e];
+      }
+      rows::store4(dx + m * r.W + sl.channel(u), g + 4 * u, vdx);
+    }
   }
   if (!partials) return;
   __syncthreads();  // the weight copy is read; the area now takes the partials
@@ -198,7 +206,7 @@ cudaError_t forward(const Rows& r, const void* x, DType x_dtype, Param weight, P
 }
 
 cudaError_t backward(const Rows& r, const void* x, DType x_dtype, const void* dy, DType dy_dtype,
-                     Param weight, const float* mean, const float* rstd, void* dx, Grad dweight,
+                     Param weight, const float* mean, const float* rstd, void* dx, const void* dx_in, Grad dweight,
                      Grad dbias, float* partials, cudaStream_t s) {
   const bool grads = dweight.ptr || dbias.ptr;
   if (r.rows == 0) {  // empty sums: zero gradients
@@ -213,6 +221,7 @@ cudaError_t backward(const Rows& r, const void* x, DType x_dtype, const void* dy
     auto* kernel = r.W <= 128 ? backward_kernel<Tx, Tdy, 4> : backward_kernel<Tx, Tdy, 8>;
     kernel<<<backward_blocks(r), kThreads, 0, s>>>(r, static_cast<const Tx*>(x), static_cast<const Tdy*>(dy),
                                                    weight, mean, rstd, static_cast<Tx*>(dx),
+                                                   static_cast<const Tx*>(dx_in),
                                                    grads ? partials : nullptr);
     return cudaGetLastError();
   });

@@ -58,11 +58,11 @@ Status layer_norm_backward(const LayerNormBackwardParams& p, void* workspace, si
   const LayerNormForwardParams& f = p.fwd;
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       kOp, stream, {{"x", f.x.data}, {"weight", f.weight.data}, {"mean", f.mean.data}, {"rstd", f.rstd.data},
-                    {"dy", p.dy.data}, {"dx", p.dx.data}, {"dweight", p.dweight.data}, {"dbias", p.dbias.data},
-                    {"workspace", need ? workspace : nullptr}}));
+                    {"dy", p.dy.data}, {"dx", p.dx.data}, {"dx_in", p.dx_in.data}, {"dweight", p.dweight.data},
+                    {"dbias", p.dbias.data}, {"workspace", need ? workspace : nullptr}}));
   return detail::cuda_status(
       kOp, norm::backward(rows_of(f), f.x.data, f.x.dtype, p.dy.data, p.dy.dtype, param(f.weight), f32(f.mean),
-                          f32(f.rstd), p.dx.data, grad(p.dweight), grad(p.dbias), static_cast<float*>(workspace),
+                          f32(f.rstd), p.dx.data, p.dx_in.data, grad(p.dweight), grad(p.dbias), static_cast<float*>(workspace),
                           stream));
 }
 

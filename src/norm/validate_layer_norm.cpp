@@ -100,6 +100,10 @@ Status validate_layer_norm_backward(const LayerNormBackwardParams& p, bool for_g
   TPF_RETURN_IF_ERROR(check_like_x(c, "dx", p.dx, p.fwd.x));
   TPF_RETURN_IF_ERROR(c.dtype("dx", p.dx, {p.fwd.x.dtype}));
   TPF_RETURN_IF_ERROR(c.writable("dx", p.dx));
+  if (p.dx_in.present()) {
+    TPF_RETURN_IF_ERROR(check_like_x(c, "dx_in", p.dx_in, p.fwd.x));
+    TPF_RETURN_IF_ERROR(c.dtype("dx_in", p.dx_in, {p.fwd.x.dtype}));
+  }
   TPF_RETURN_IF_ERROR(check_grad(c, "dweight", p.dweight, p.fwd.weight));
   return check_grad(c, "dbias", p.dbias, p.fwd.bias);
 }

@@ -54,7 +54,7 @@ Status layer_norm_backward(const LayerNormBackwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_layer_norm_backward(p, /*for_gpu=*/false));
   TPF_RETURN_IF_ERROR(detail::check_host_pointers(
       "layer_norm_backward", {{"x", p.fwd.x.data}, {"weight", p.fwd.weight.data}, {"dy", p.dy.data},
-                              {"dx", p.dx.data}, {"dweight", p.dweight.data}, {"dbias", p.dbias.data}}));
+                              {"dx", p.dx.data}, {"dx_in", p.dx_in.data}, {"dweight", p.dweight.data}, {"dbias", p.dbias.data}}));
   const LayerNormForwardParams& f = p.fwd;
   const int64_t W = f.x.shape[f.x.rank - 1], rows = f.x.numel() / W;
   std::vector<double> xh(W), g(W), dw(W, 0.0), db(W, 0.0);
@@ -68,7 +68,10 @@ Status layer_norm_backward(const LayerNormBackwardParams& p) {
       mg += g[c], mgx += g[c] * xh[c];
     }
     mg /= W, mgx /= W;
-    for (int64_t c = 0; c < W; ++c) store(p.dx, r * W + c, st.rstd * (g[c] - mg - xh[c] * mgx));
+    for (int64_t c = 0; c < W; ++c) {
+      const double add = p.dx_in.present() ? load(p.dx_in, r * W + c) : 0.0;
+      store(p.dx, r * W + c, add + st.rstd * (g[c] - mg - xh[c] * mgx));
+    }
   }
   for (int64_t c = 0; c < W; ++c) {
     if (p.dweight.present()) store(p.dweight, c * p.dweight.stride[0], dw[c]);

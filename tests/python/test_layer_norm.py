@@ -167,3 +167,21 @@ def test_kernels_take_a_misaligned_contiguous_view():
     ry, *_ = _torch_double(x, w, None, torch.zeros_like(x), 1e-5)
     _close(y, ry, U[torch.float32], "y")
     assert math.isfinite(mean.sum().item())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 333])
+def test_dx_in_is_added_to_dx_in_the_same_pass(device, dtype, rows):
+    """dx_in (a residual's gradient) joins dx: against the FP64 gradient plus dx_in, within the
+    rounding of one output; dx_in itself is left as it was."""
+    x, w, b, dy = _inputs((rows, 128), dtype, device, seed=rows)
+    dx_in = torch.randn(rows, 128, dtype=torch.float64).to(device, dtype)
+    keep = dx_in.clone()
+    y, mean, rstd = _norm.forward(x, w, b, 1e-5, dtype)
+    dx, _, _ = _norm.backward(dy.to(dtype), x, w, b, 1e-5, mean, rstd, False, False, dx_in)
+    assert torch.equal(dx_in, keep) and dx.data_ptr() != dx_in.data_ptr()
+    _, rdx, _, _ = _torch_double(x, w, b, dy.to(dtype), 1e-5)
+    want = rdx + dx_in.double()
+    u = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-20
+    assert (dx.double() - want).norm() <= 2 * u * want.norm()

@@ -118,7 +118,8 @@ def test_pair_dropout_is_shared_along_rows_and_columns_as_openfold3():
 
 
 def test_fused_residual_dropout_is_the_residual_plus_the_shared_dropout():
-    from turbopairformer.pairformer import _add_dropped, _shared_dropout
+    from turbopairformer.layers import residual_add
+    from turbopairformer.pairformer import _dropout_scale, _shared_dropout
 
     z, x = (
         torch.randn(2, 6, 6, 4, dtype=torch.float64),
@@ -126,10 +127,46 @@ def test_fused_residual_dropout_is_the_residual_plus_the_shared_dropout():
     )
     for dim in (-3, -2):
         torch.manual_seed(3)
-        a = _add_dropped(z, x, 0.25, True, dim)
+        a = residual_add(z, x, _dropout_scale(z, 0.25, True, dim))
         torch.manual_seed(3)
         torch.testing.assert_close(a, z + _shared_dropout(x, 0.25, True, dim))  # (an FMA)
-    assert torch.equal(_add_dropped(z, x, 0.25, False, -3), z + x)
+    assert _dropout_scale(z, 0.25, False, -3) is None
+    assert torch.equal(residual_add(z, x, None), z + x)
+
+
+def test_residual_nodes_match_the_composed_residual_update():
+    """The attention layers' and the transition's residual_update (one node, the pass-through
+    gradient added in the LayerNorm backward) against x + scale * module(x): output, dx and
+    every parameter gradient."""
+    torch.manual_seed(4)
+    x = torch.randn(1, 7, 7, 16, dtype=torch.float64)
+    mask = (torch.rand(1, 7, 7) < 0.8).double()
+    mask[..., 0] = 1.0
+    scale = (torch.rand(1, 1, 7, 16) < 0.7).double() / 0.7
+    mods = [
+        tpf.TriangleAttention(16, 8, 2, starting=True).double(),
+        tpf.TriangleAttentionEndingNode(16, 8, 2).double(),
+        tpf.pairformer.SwiGLUTransition(16, 2).double(),
+    ]
+    for m in mods:
+        for p in m.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        grads = []
+        for fused in (True, False):
+            m.zero_grad()
+            xi = x.clone().requires_grad_(True)
+            if fused:
+                if isinstance(m, tpf.TriangleAttention):
+                    y = m.residual_update(xi, mask, scale)
+                else:
+                    y = m.residual_update(xi, mask)
+            else:
+                y = xi + (scale if isinstance(m, tpf.TriangleAttention) else 1.0) * m(xi, mask)
+            dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(9))
+            y.backward(dy)
+            grads.append([y.detach(), xi.grad] + [p.grad.clone() for p in m.parameters()])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_training_mode_applies_dropout_and_eval_does_not():
