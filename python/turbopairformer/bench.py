@@ -771,7 +771,8 @@ def main(argv=None):
     ap.add_argument(
         "--backends",
         default=None,
-        help="with --pairformer: a comma list of backends to run (default: every one available)",
+        help="with --pairformer (and --breakdown): a comma list of backends to run (default: "
+        "every one available)",
     )
     ap.add_argument(
         "--breakdown",
@@ -838,11 +839,11 @@ def main(argv=None):
         from . import bench_pairformer
 
         out = _out_dir(args.out, gpu)
+        backends = args.backends.split(",") if args.backends else None
         if args.breakdown:
-            bench_pairformer.breakdown(Ns, out, gpu, command)
+            bench_pairformer.breakdown(Ns, out, gpu, command, only=backends)
             print(f"written {out}/pairformer_breakdown.md")
             return
-        backends = args.backends.split(",") if args.backends else None
         bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command, backends)
         print(f"written {out}/pairformer.md")
         return

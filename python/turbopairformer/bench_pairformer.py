@@ -386,9 +386,10 @@ def _kernel_ms(step, steps=3):
     return ours, rest, sorted(rows, key=lambda r: -r[1])[:12]
 
 
-def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10):
+def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
     """Each pair-track module alone (forward + backward, eager), ours against the plain-PyTorch
-    reference, with the CUDA time of our kernels apart from everything around them."""
+    reference, with the CUDA time of our kernels apart from everything around them. only: the
+    backends to run (default both)."""
     from .pairformer import PairBlock
     from .reference import OpenFold3PairBlock
 
@@ -405,7 +406,10 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10):
     for N in Ns:
         _, z, _, pm = _inputs(N)
         z = z.requires_grad_(True)
-        for name, cls in (("turbopairformer", PairBlock), ("pytorch", OpenFold3PairBlock)):
+        pairs = (("turbopairformer", PairBlock), ("pytorch", OpenFold3PairBlock))
+        for name, cls in pairs:
+            if only is not None and name not in only:
+                continue
             blk = cls(**config).cuda().train()
             blk.load_state_dict(weights)
             for part in (*PAIR_PARTS, "pair_stack"):
