@@ -22,6 +22,7 @@ from .layers import (
     residual_add,
     triangle_attention_layer,
 )
+from .trimul import residual_update as trimul_residual_update
 from .trimul import triangle_multiplicative_update
 
 
@@ -206,6 +207,21 @@ class TriangleMultiplicativeUpdate(nn.Module):
             z, direction, mask, eps=self.eps, low_memory=self.low_memory, **packed_weights(self)
         )
         return out.reshape(*lead, *out.shape[-3:])
+
+    def residual_update(self, z, mask=None, scale=None) -> torch.Tensor:
+        """z + scale * self(z, mask) for z [B, N, N, c_z] (scale: None or broadcastable to z,
+        e.g. a shared dropout mask) as one autograd node in eager mode, whose backward takes two
+        passes around the kernels where the composed ops take four."""
+        direction = "outgoing" if self.outgoing else "incoming"
+        return trimul_residual_update(
+            z,
+            scale,
+            direction,
+            mask,
+            self.eps,
+            self.low_memory,
+            **packed_weights(self),
+        )
 
 
 class TriangleMultiplicativeUpdateIncoming(TriangleMultiplicativeUpdate):

@@ -26,7 +26,7 @@ from .modules import (
     TriangleMultiplicativeUpdate,
     _GatedAttentionProjections,
 )
-from .layers import _compute_dtype, gated_linear, norm_linear, residual_add, swiglu_transition
+from .layers import _compute_dtype, gated_linear, norm_linear, swiglu_transition
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -138,9 +138,9 @@ class PairBlock(nn.Module):
         def drop(dim):
             return _dropout_scale(z, self.pair_dropout, self.training, dim)
 
-        z = residual_add(z, self.tri_mul_out(z, pair_mask), drop(-3))
-        z = residual_add(z, self.tri_mul_in(z, pair_mask), drop(-3))
-        # the attention layers and the transition own their residual add (one node each way)
+        # every module owns its residual add (one node each way, docs/perf-notes.md)
+        z = self.tri_mul_out.residual_update(z, pair_mask, drop(-3))
+        z = self.tri_mul_in.residual_update(z, pair_mask, drop(-3))
         z = self.tri_att_start.residual_update(z, pair_mask, drop(-3))
         z = self.tri_att_end.residual_update(z, pair_mask, drop(-2))  # column-wise
         return self.pair_transition.residual_update(z, pair_mask)

@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from . import _calls, _native
+from .layers import _branch_grad, residual_add
 
 _DIRECTIONS = {"outgoing": 0, "incoming": 1}
 WEIGHTS = _native.TRIMUL_WEIGHTS  # the library's order: norm_in_weight, norm_in_bias, ...
@@ -195,3 +196,56 @@ def triangle_multiplicative_update(
         save = torch.is_grad_enabled() and grad and not low_memory
         out, _ = _trimul_fwd(x, mask, *w, _DIRECTIONS[direction], float(eps), save)
     return out.squeeze(0) if unbatched else out
+
+
+class _ResidualUpdate(torch.autograd.Function):
+    """z + scale * update(z) for a [B, N, N, C] pair tensor z (fp32 under autocast: the update
+    runs on its bf16 copy). The backward forms the update's gradient in one pass from the
+    residual's and sums the two gradients of z in one more, where autograd would take four
+    (the product, its cast, the copy's cast back, the sum)."""
+
+    @staticmethod
+    def forward(ctx, z, scale, mask, direction, eps, low_memory, *weights):
+        x = z
+        if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
+            x = z.to(torch.bfloat16)  # the CUDA kernels take bf16 pair tensors
+        with torch.autocast(z.device.type, enabled=False):
+            save = any(t is not None and t.requires_grad for t in [z, *weights]) and not low_memory
+            out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
+            result = residual_add(z, out, scale)
+        ctx.save_for_backward(saved, x, mask, scale, *weights)
+        ctx.direction, ctx.eps = direction, eps
+        return result
+
+    @staticmethod
+    def backward(ctx, dres):
+        saved, x, mask, scale, *weights = ctx.saved_tensors
+        dout = _branch_grad(dres, scale, x.dtype)
+        dx, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps)
+        dz = dres + dx  # one pass: the pass-through gradient and the update's, in z's dtype
+        grads = [g if w is not None else None for g, w in zip(dw, weights)]
+        return (dz, None, None, None, None, None, *grads)
+
+
+def residual_update(
+    z: torch.Tensor,
+    scale: Optional[torch.Tensor],
+    direction: str,
+    mask: Optional[torch.Tensor],
+    eps: float,
+    low_memory: bool,
+    **weights: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """z + scale * triangle_multiplicative_update(z, direction, mask, eps, ...) for a batched
+    z [B, N, N, C] (scale: None or broadcastable to z, e.g. a shared dropout mask) as one
+    autograd node in eager mode; the composed ops under torch.compile and for empty inputs."""
+    if torch.compiler.is_compiling() or z.numel() == 0:
+        x = z
+        if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
+            x = z.to(torch.bfloat16)
+        out = triangle_multiplicative_update(
+            x, direction, mask, eps, low_memory=low_memory, **weights
+        )
+        return residual_add(z, out, scale)
+    w = [weights.get(n) for n in WEIGHTS]
+    return _ResidualUpdate.apply(z, scale, mask, _DIRECTIONS[direction], float(eps), low_memory, *w)

@@ -135,9 +135,9 @@ def test_fused_residual_dropout_is_the_residual_plus_the_shared_dropout():
 
 
 def test_residual_nodes_match_the_composed_residual_update():
-    """The attention layers' and the transition's residual_update (one node, the pass-through
-    gradient added in the LayerNorm backward) against x + scale * module(x): output, dx and
-    every parameter gradient."""
+    """Every pair module's residual_update (one node; the pass-through gradient added in the
+    LayerNorm backward or in one sum) against x + scale * module(x): output, dx and every
+    parameter gradient."""
     torch.manual_seed(4)
     x = torch.randn(1, 7, 7, 16, dtype=torch.float64)
     mask = (torch.rand(1, 7, 7) < 0.8).double()
@@ -146,8 +146,11 @@ def test_residual_nodes_match_the_composed_residual_update():
     mods = [
         tpf.TriangleAttention(16, 8, 2, starting=True).double(),
         tpf.TriangleAttentionEndingNode(16, 8, 2).double(),
+        tpf.TriangleMultiplicativeUpdate(16, 8).double(),
+        tpf.TriangleMultiplicativeUpdateIncoming(16, 8, bias=False).double(),
         tpf.pairformer.SwiGLUTransition(16, 2).double(),
     ]
+    scaled = (tpf.TriangleAttention, tpf.TriangleMultiplicativeUpdate)
     for m in mods:
         for p in m.parameters():
             torch.nn.init.normal_(p, std=0.5)
@@ -156,12 +159,12 @@ def test_residual_nodes_match_the_composed_residual_update():
             m.zero_grad()
             xi = x.clone().requires_grad_(True)
             if fused:
-                if isinstance(m, tpf.TriangleAttention):
+                if isinstance(m, scaled):
                     y = m.residual_update(xi, mask, scale)
                 else:
                     y = m.residual_update(xi, mask)
             else:
-                y = xi + (scale if isinstance(m, tpf.TriangleAttention) else 1.0) * m(xi, mask)
+                y = xi + (scale if isinstance(m, scaled) else 1.0) * m(xi, mask)
             dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(9))
             y.backward(dy)
             grads.append([y.detach(), xi.grad] + [p.grad.clone() for p in m.parameters()])
