@@ -25,10 +25,10 @@ struct LayerNormBackwardParams {
   LayerNormForwardParams fwd;  // x, weight, bias, eps as in the forward; mean and rstd required
   TensorView dy;               // y's shape and dtype, contiguous
   TensorView dx;               // x's shape and dtype, contiguous, written
+  TensorView dweight, dbias;   // their parameter's shape and dtype, optional, written
   TensorView dx_in;            // x's shape and dtype, contiguous, optional: added to dx (it may be
                                //   dx itself), so that the gradient of a residual around the
                                //   layer joins dx in the same pass
-  TensorView dweight, dbias;   // their parameter's shape and dtype, optional, written
 };
 
 Status validate_layer_norm_forward(const LayerNormForwardParams& p, bool for_gpu);
