@@ -165,8 +165,11 @@ def test_fused_layer_on_gpu_is_as_accurate_as_the_composed_ops(starting, N, monk
     ]
     pairs += [(n, fused[2][n], composed[2][n], want[2][n]) for n in want[2]]
     for name, f, c, w in pairs:
+        assert torch.isfinite(f).all(), name
+        if w.norm() < 1e-12:  # at N = 1 the bias gradient is 0 (one key, P = 1): rounding only
+            assert f.norm() <= 1.25 * c.norm() + 1e-6, (name, f.norm(), c.norm())
+            continue
         ef, ec = _rel(f, w), _rel(c, w)
         print(f"{name}: fused {ef:.2e} composed {ec:.2e}")
-        assert torch.isfinite(f).all(), name
         assert ef <= 1.25 * ec + 2.0**-10, (name, ef, ec)  # no worse than the ops it replaces
         assert ef < 2e-2, (name, ef)
