@@ -77,6 +77,11 @@ typedef struct tpf_sigmoid_gate_args {
   tpf_tensor g, o, y, dy, dg, d_o;
 } tpf_sigmoid_gate_args;
 
+/* The residual update (turbopairformer/residual.h): out = z + scale u; du = dout scale. */
+typedef struct tpf_residual_args {
+  tpf_tensor z, u, scale, out, dout, du;
+} tpf_residual_args;
+
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
  * (the Python package builds its ctypes structs from this table and checks their layout):
  * one row per field, in order. kind: "tensor", "tensor[12]", "f64", "i32", "ptr", "size", or
@@ -122,6 +127,10 @@ TPF_C_API int tpf_sigmoid_gate_forward(const tpf_sigmoid_gate_args* a, int32_t o
                                        size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
                                         size_t err_len);
+TPF_C_API int tpf_residual_forward(const tpf_residual_args* a, int32_t on_gpu, void* stream, char* err,
+                                   size_t err_len);
+TPF_C_API int tpf_residual_backward(const tpf_residual_args* a, int32_t on_gpu, void* stream, char* err,
+                                    size_t err_len);
 TPF_C_API const char* tpf_version(void);
 
 #ifdef __cplusplus

@@ -5,6 +5,7 @@
 #include "turbopairformer/attention.h"
 #include "turbopairformer/gate.h"
 #include "turbopairformer/layer_norm.h"
+#include "turbopairformer/residual.h"
 #include "turbopairformer/swiglu.h"
 #include "turbopairformer/trimul.h"
 
@@ -30,5 +31,9 @@ Status swiglu_backward(const SwigluParams& p);
 // Writes y / dg, d_o (and y where present).
 Status sigmoid_gate_forward(const SigmoidGateParams& p);
 Status sigmoid_gate_backward(const SigmoidGateParams& p);
+
+// Writes out / du.
+Status residual_forward(const ResidualParams& p);
+Status residual_backward(const ResidualParams& p);
 
 }  // namespace tpf::reference

@@ -3,6 +3,7 @@
 #include "turbopairformer/attention.h"
 #include "turbopairformer/gate.h"
 #include "turbopairformer/layer_norm.h"
+#include "turbopairformer/residual.h"
 #include "turbopairformer/swiglu.h"
 #include "turbopairformer/reference.h"
 #include "turbopairformer/status.h"

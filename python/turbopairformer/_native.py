@@ -84,6 +84,7 @@ TpfTrimulArgs = _struct("tpf_trimul_args", _KINDS)
 TpfLayerNormArgs = _struct("tpf_layer_norm_args", _KINDS)
 TpfSwigluArgs = _struct("tpf_swiglu_args", _KINDS)
 TpfSigmoidGateArgs = _struct("tpf_sigmoid_gate_args", _KINDS)
+TpfResidualArgs = _struct("tpf_residual_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
@@ -97,6 +98,9 @@ def _signatures(lib) -> None:
     gargs = ctypes.POINTER(TpfSigmoidGateArgs)
     lib.tpf_sigmoid_gate_forward.argtypes = (gargs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_sigmoid_gate_backward.argtypes = lib.tpf_sigmoid_gate_forward.argtypes
+    rargs = ctypes.POINTER(TpfResidualArgs)
+    lib.tpf_residual_forward.argtypes = (rargs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_residual_backward.argtypes = lib.tpf_residual_forward.argtypes
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -150,6 +154,8 @@ def _signatures(lib) -> None:
         lib.tpf_swiglu_backward,
         lib.tpf_sigmoid_gate_forward,
         lib.tpf_sigmoid_gate_backward,
+        lib.tpf_residual_forward,
+        lib.tpf_residual_backward,
     ):
         f.restype = ctypes.c_int
 

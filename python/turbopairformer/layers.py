@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import _gate, _norm, _swiglu, attention
+from . import _gate, _norm, _residual, _swiglu, attention
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -110,15 +110,16 @@ def _norm_backward(ctx, dxn, x, ln_w, ln_b, stats, dx_in=None):
 
 def residual_add(z: torch.Tensor, out: torch.Tensor, scale=None) -> torch.Tensor:
     """z + scale * out (scale None: 1; else broadcastable to out, e.g. a shared dropout mask or
-    a row mask) as one kernel in z's precision, so that the scaled update is never written."""
-    return z + out if scale is None else torch.addcmul(z, out, scale)
+    a row mask) as one kernel in z's precision, so that the scaled update is never written: the
+    library's (_residual.py) on CUDA, addcmul under torch.compile and elsewhere."""
+    if torch.compiler.is_compiling():
+        return z + out if scale is None else torch.addcmul(z, out, scale)
+    return _residual.forward(z, out, scale)
 
 
 def _branch_grad(dz: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
     """The gradient of a residual branch from the residual's: dz * scale in dtype, one pass."""
-    if scale is None:
-        return dz.to(dtype)
-    return torch.mul(dz, scale, out=torch.empty(dz.shape, dtype=dtype, device=dz.device))
+    return _residual.backward(dz, scale, dtype)
 
 
 class _NormLinear(torch.autograd.Function):

@@ -74,6 +74,10 @@ tpf::SigmoidGateParams sigmoid_gate_params(const tpf_sigmoid_gate_args& a) {
   return {view(a.g), view(a.o), view(a.y), view(a.dy), view(a.dg), view(a.d_o)};
 }
 
+tpf::ResidualParams residual_params(const tpf_residual_args& a) {
+  return {view(a.z), view(a.u), view(a.scale), view(a.out), view(a.dout), view(a.du)};
+}
+
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -111,6 +115,10 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_sigmoid_gate_args, g, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, o, "tensor")
     TPF_ROW_(tpf_sigmoid_gate_args, y, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, dy, "tensor")
     TPF_ROW_(tpf_sigmoid_gate_args, dg, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, d_o, "tensor")
+    {"tpf_residual_args", "", "struct", 0, sizeof(tpf_residual_args)},
+    TPF_ROW_(tpf_residual_args, z, "tensor") TPF_ROW_(tpf_residual_args, u, "tensor")
+    TPF_ROW_(tpf_residual_args, scale, "tensor") TPF_ROW_(tpf_residual_args, out, "tensor")
+    TPF_ROW_(tpf_residual_args, dout, "tensor") TPF_ROW_(tpf_residual_args, du, "tensor")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -253,6 +261,19 @@ int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, vo
   const auto p = sigmoid_gate_params(*a);
   return report(on_gpu ? tpf::sigmoid_gate_backward(p, static_cast<cudaStream_t>(stream))
                        : tpf::reference::sigmoid_gate_backward(p),
+                err, err_len);
+}
+
+int tpf_residual_forward(const tpf_residual_args* a, int32_t on_gpu, void* stream, char* err, size_t err_len) {
+  const auto p = residual_params(*a);
+  return report(on_gpu ? tpf::residual_forward(p, static_cast<cudaStream_t>(stream)) : tpf::reference::residual_forward(p),
+                err, err_len);
+}
+
+int tpf_residual_backward(const tpf_residual_args* a, int32_t on_gpu, void* stream, char* err, size_t err_len) {
+  const auto p = residual_params(*a);
+  return report(on_gpu ? tpf::residual_backward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::residual_backward(p),
                 err, err_len);
 }
 

@@ -21,6 +21,7 @@ from turbopairformer import _native
         ("tpf_layer_norm_args", _native.TpfLayerNormArgs),
         ("tpf_swiglu_args", _native.TpfSwigluArgs),
         ("tpf_sigmoid_gate_args", _native.TpfSigmoidGateArgs),
+        ("tpf_residual_args", _native.TpfResidualArgs),
     ],
 )
 def test_ctypes_layout_equals_the_compiled_one(record, mirror):

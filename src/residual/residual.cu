@@ -1,0 +1,127 @@
+// Residual update and its branch gradient: element-wise over 8 consecutive channels of one
+// (b, i, j) row per thread and step; bandwidth-bound, one read of every input and one write of
+// the output. The scale is read through its strides (broadcast dims stride 0), as 8 values where
+// its channel stride is 1 and as one where it is 0.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/mma.cuh"
+#include "residual/kernels.h"
+
+namespace tpf::residual {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;  // channels per thread and step
+
+template <class T>
+__device__ __forceinline__ void load8(float* v, const T* p) {
+  constexpr int kWords = kVec * sizeof(T) / 16;  // 16-byte loads: 1 (16-bit T) or 2 (fp32)
+  uint4 w[kWords];
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const uint4*>(p)[i];
+  const T* t = reinterpret_cast<const T*>(w);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] = dev::to_float(t[e]);
+}
+
+template <class T>
+__device__ __forceinline__ void store8(T* p, const float* v) {
+  constexpr int kWords = kVec * sizeof(T) / 16;
+  uint4 w[kWords];
+  T* t = reinterpret_cast<T*>(w);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) t[e] = dev::from_float<T>(v[e]);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) reinterpret_cast<uint4*>(p)[i] = w[i];
+}
+
+// The 8 scale values of the channels [c, c + 8) of row r = (b i + i) J + j; 1 where absent.
+template <class Ts>
+__device__ __forceinline__ void load_scale(float* v, const Shape& sh, Scale s, int64_t r, int64_t c) {
+  if (!s.p) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[e] = 1.f;
+    return;
+  }
+  const int64_t j = r % sh.J, i = (r / sh.J) % sh.I, b = r / (sh.J * sh.I);
+  const Ts* p = static_cast<const Ts*>(s.p) + b * s.s[0] + i * s.s[1] + j * s.s[2] + c * s.s[3];
+  if (s.s[3] == 1) return load8(v, p);
+  const float x = dev::to_float(*p);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] = x;
+}
+
+template <class Tz, class Tu>
+__global__ void __launch_bounds__(kThreads) forward_kernel(Shape sh, const Tz* z, const Tu* u, Scale s, Tz* out) {
+  const int64_t per_row = sh.C / kVec, n = sh.B * sh.I * sh.J * per_row;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = i / per_row, c = (i % per_row) * kVec, at = r * sh.C + c;
+    float zv[kVec], uv[kVec], sv[kVec];
+    load8(zv, z + at);
+    load8(uv, u + at);
+    load_scale<Tu>(sv, sh, s, r, c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) zv[e] += sv[e] * uv[e];
+    store8(out + at, zv);
+  }
+}
+
+template <class Tz, class Tu>
+__global__ void __launch_bounds__(kThreads) backward_kernel(Shape sh, const Tz* dout, Scale s, Tu* du) {
+  const int64_t per_row = sh.C / kVec, n = sh.B * sh.I * sh.J * per_row;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = i / per_row, c = (i % per_row) * kVec, at = r * sh.C + c;
+    float g[kVec], sv[kVec];
+    load8(g, dout + at);
+    load_scale<Tu>(sv, sh, s, r, c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) g[e] *= sv[e];
+    store8(du + at, g);
+  }
+}
+
+unsigned blocks(const Shape& sh) {
+  const int64_t n = sh.B * sh.I * sh.J * (sh.C / kVec), b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 132 * 16 ? b : 132 * 16);  // a grid-stride loop past 16 per SM
+}
+
+// f(Tz{}, Tu{}) for the pairs the kernels are built for: (fp32, bf16 | fp16 | fp32), (bf16, bf16),
+// (fp16, fp16).
+template <class F>
+cudaError_t with_pair(DType z, DType u, F&& f) {
+  if (z == DType::kFP32 && u == DType::kBF16) return f(float{}, __nv_bfloat16{});
+  if (z == DType::kFP32 && u == DType::kFP16) return f(float{}, __half{});
+  if (z == DType::kFP32 && u == DType::kFP32) return f(float{}, float{});
+  if (z == DType::kBF16 && u == DType::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
+  if (z == DType::kFP16 && u == DType::kFP16) return f(__half{}, __half{});
+  return cudaErrorInvalidValue;  // validation refuses other pairs first
+}
+
+}  // namespace
+
+cudaError_t forward(const Shape& sh, DType z_dtype, DType u_dtype, const void* z, const void* u, Scale scale,
+                    void* out, cudaStream_t st) {
+  if (sh.B * sh.I * sh.J * sh.C == 0) return cudaSuccess;
+  return with_pair(z_dtype, u_dtype, [&](auto tz, auto tu) {
+    using Tz = decltype(tz);
+    using Tu = decltype(tu);
+    forward_kernel<Tz, Tu><<<blocks(sh), kThreads, 0, st>>>(sh, static_cast<const Tz*>(z), static_cast<const Tu*>(u),
+                                                           scale, static_cast<Tz*>(out));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t backward(const Shape& sh, DType dout_dtype, DType du_dtype, const void* dout, Scale scale, void* du,
+                     cudaStream_t st) {
+  if (sh.B * sh.I * sh.J * sh.C == 0) return cudaSuccess;
+  return with_pair(dout_dtype, du_dtype, [&](auto tz, auto tu) {
+    using Tz = decltype(tz);
+    using Tu = decltype(tu);
+    backward_kernel<Tz, Tu>
+        <<<blocks(sh), kThreads, 0, st>>>(sh, static_cast<const Tz*>(dout), scale, static_cast<Tu*>(du));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace tpf::residual
