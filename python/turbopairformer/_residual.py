@@ -43,7 +43,9 @@ def _scale_ok(scale: torch.Tensor, lead: torch.Tensor, u_dtype: torch.dtype) -> 
     if s.stride(-1) == 0:
         return True
     step = 16 // s.element_size()
-    return s.stride(-1) == 1 and s.data_ptr() % 16 == 0 and all(x % step == 0 for x in s.stride())
+    return (
+        s.stride(-1) == 1 and s.data_ptr() % 16 == 0 and all(x % step == 0 for x in s.stride()[:-1])
+    )
 
 
 def _call(fn, lead, **tensors) -> None:

@@ -65,7 +65,8 @@ def test_kernels_match_fp64(kind, zd, ud, B, N, C):
     assert out.dtype == zd and du.dtype == ud
     bound = z.double().abs() + (sd * u.double()).abs()
     assert ((out.double() - want_out).abs() <= U[zd] * bound + 1e-30).all()
-    assert ((du.double() - want_du).abs() <= U[ud] * want_du.abs()).all()
+    # (+ 2^-25: half the quantum of fp16's subnormals, which randn reaches)
+    assert ((du.double() - want_du).abs() <= U[ud] * want_du.abs() + 2.0**-25).all()
     assert torch.equal(_residual.forward(z, u, s), out)
 
 
