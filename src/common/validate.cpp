@@ -126,4 +126,9 @@ Status Checker::contiguous(const char* arg, const TensorView& t) const {
   return Status::Ok();
 }
 
+bool mixed_pair(DType a, DType b) {
+  if (a == DType::kFP32) return b == DType::kFP32 || b == DType::kBF16 || b == DType::kFP16;
+  return (a == DType::kBF16 || a == DType::kFP16) && b == a;
+}
+
 }  // namespace tpf::detail

@@ -37,6 +37,10 @@ struct Checker {
   Status contiguous(const char* arg, const TensorView& t) const;
 };
 
+// The (storage, compute) dtype pairs of the element-wise kernels (common/dtype_pairs.cuh): fp32
+// with fp32, bf16 or fp16, or both in one 16-bit dtype.
+bool mixed_pair(DType a, DType b);
+
 std::string shape_string(const TensorView& t);
 std::string dims_string(std::initializer_list<Dim> dims);
 

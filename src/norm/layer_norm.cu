@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include "common/mma.cuh"
+#include "common/dtype_pairs.cuh"
 #include "common/row_math.cuh"
 #include "norm/kernels.h"
 
@@ -177,17 +178,6 @@ __global__ void finalize_kernel(const float* partials, int blocks, int W, Grad d
   if (out.ptr) store(out, c, t);
 }
 
-// The C++ type of each dtype the kernels are built for.
-template <class F>
-cudaError_t with_pair(DType a, DType b, F&& f) {
-  if (a == DType::kFP32 && b == DType::kFP32) return f(float{}, float{});
-  if (a == DType::kFP32 && b == DType::kBF16) return f(float{}, __nv_bfloat16{});
-  if (a == DType::kFP32 && b == DType::kFP16) return f(float{}, __half{});
-  if (a == DType::kBF16 && b == DType::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
-  if (a == DType::kFP16 && b == DType::kFP16) return f(__half{}, __half{});
-  return cudaErrorInvalidValue;  // validation refuses other pairs first
-}
-
 }  // namespace
 
 size_t backward_partials_bytes(const Rows& r) { return size_t(backward_blocks(r)) * 2 * r.W * sizeof(float); }
@@ -195,7 +185,7 @@ size_t backward_partials_bytes(const Rows& r) { return size_t(backward_blocks(r)
 cudaError_t forward(const Rows& r, const void* x, DType x_dtype, Param weight, Param bias, void* y,
                     DType y_dtype, float* mean, float* rstd, cudaStream_t s) {
   if (r.rows == 0) return cudaSuccess;
-  return with_pair(x_dtype, y_dtype, [&](auto tx, auto ty) {
+  return dev::with_mixed_pair(x_dtype, y_dtype, [&](auto tx, auto ty) {
     using Tx = decltype(tx);
     using Ty = decltype(ty);
     auto* kernel = r.W <= 128 ? forward_kernel<Tx, Ty, 4> : forward_kernel<Tx, Ty, 8>;
@@ -215,7 +205,7 @@ cudaError_t backward(const Rows& r, const void* x, DType x_dtype, const void* dy
       if (g.ptr && e == cudaSuccess) e = cudaMemsetAsync(g.ptr, 0, size_t(r.W) * (g.dtype == DType::kFP32 ? 4 : 2), s);
     return e;
   }
-  const cudaError_t e = with_pair(x_dtype, dy_dtype, [&](auto tx, auto tdy) {
+  const cudaError_t e = dev::with_mixed_pair(x_dtype, dy_dtype, [&](auto tx, auto tdy) {
     using Tx = decltype(tx);
     using Tdy = decltype(tdy);
     auto* kernel = r.W <= 128 ? backward_kernel<Tx, Tdy, 4> : backward_kernel<Tx, Tdy, 8>;

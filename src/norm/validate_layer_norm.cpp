@@ -13,11 +13,6 @@ const std::initializer_list<DType> kFloat = {DType::kBF16, DType::kFP16, DType::
 const std::initializer_list<DType> kGpuFloat = {DType::kBF16, DType::kFP16, DType::kFP32};
 
 // The (x, y) dtype pairs the CUDA path is built for.
-bool gpu_pair(DType x, DType y) {
-  if (x == DType::kFP32) return y == DType::kFP32 || y == DType::kBF16 || y == DType::kFP16;
-  return (x == DType::kBF16 || x == DType::kFP16) && y == x;
-}
-
 // A tensor of x's shape: same rank and sizes, contiguous.
 Status check_like_x(const Checker& c, const char* arg, const TensorView& t, const TensorView& x) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
@@ -79,7 +74,7 @@ Status validate_layer_norm_forward(const LayerNormForwardParams& p, bool for_gpu
   TPF_RETURN_IF_ERROR(check_inputs(c, p, for_gpu, false));
   TPF_RETURN_IF_ERROR(check_like_x(c, "y", p.y, p.x));
   TPF_RETURN_IF_ERROR(c.dtype("y", p.y, for_gpu ? kGpuFloat : kFloat));
-  if (for_gpu && !gpu_pair(p.x.dtype, p.y.dtype))
+  if (for_gpu && !detail::mixed_pair(p.x.dtype, p.y.dtype))
     return c.fail("y", std::string("dtype ") + dtype_name(p.y.dtype) + " from x of dtype " + dtype_name(p.x.dtype) +
                            " is not built for the GPU; supported (x, y): (fp32, fp32|bf16|fp16), (bf16, bf16), "
                            "(fp16, fp16)",
@@ -92,7 +87,7 @@ Status validate_layer_norm_backward(const LayerNormBackwardParams& p, bool for_g
   TPF_RETURN_IF_ERROR(check_inputs(c, p.fwd, for_gpu, true));
   TPF_RETURN_IF_ERROR(check_like_x(c, "dy", p.dy, p.fwd.x));
   TPF_RETURN_IF_ERROR(c.dtype("dy", p.dy, for_gpu ? kGpuFloat : kFloat));
-  if (for_gpu && !gpu_pair(p.fwd.x.dtype, p.dy.dtype))
+  if (for_gpu && !detail::mixed_pair(p.fwd.x.dtype, p.dy.dtype))
     return c.fail("dy", std::string("dtype ") + dtype_name(p.dy.dtype) + " for x of dtype " +
                             dtype_name(p.fwd.x.dtype) + " is not built for the GPU; supported (x, dy): (fp32, "
                             "fp32|bf16|fp16), (bf16, bf16), (fp16, fp16)",

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/dtype_pairs.cuh"
 #include "common/mma.cuh"
 #include "residual/kernels.h"
 
@@ -86,24 +87,12 @@ unsigned blocks(const Shape& sh) {
   return static_cast<unsigned>(b < 132 * 16 ? b : 132 * 16);  // a grid-stride loop past 16 per SM
 }
 
-// f(Tz{}, Tu{}) for the pairs the kernels are built for: (fp32, bf16 | fp16 | fp32), (bf16, bf16),
-// (fp16, fp16).
-template <class F>
-cudaError_t with_pair(DType z, DType u, F&& f) {
-  if (z == DType::kFP32 && u == DType::kBF16) return f(float{}, __nv_bfloat16{});
-  if (z == DType::kFP32 && u == DType::kFP16) return f(float{}, __half{});
-  if (z == DType::kFP32 && u == DType::kFP32) return f(float{}, float{});
-  if (z == DType::kBF16 && u == DType::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
-  if (z == DType::kFP16 && u == DType::kFP16) return f(__half{}, __half{});
-  return cudaErrorInvalidValue;  // validation refuses other pairs first
-}
-
 }  // namespace
 
 cudaError_t forward(const Shape& sh, DType z_dtype, DType u_dtype, const void* z, const void* u, Scale scale,
                     void* out, cudaStream_t st) {
   if (sh.B * sh.I * sh.J * sh.C == 0) return cudaSuccess;
-  return with_pair(z_dtype, u_dtype, [&](auto tz, auto tu) {
+  return dev::with_mixed_pair(z_dtype, u_dtype, [&](auto tz, auto tu) {
     using Tz = decltype(tz);
     using Tu = decltype(tu);
     forward_kernel<Tz, Tu><<<blocks(sh), kThreads, 0, st>>>(sh, static_cast<const Tz*>(z), static_cast<const Tu*>(u),
@@ -115,7 +104,7 @@ cudaError_t forward(const Shape& sh, DType z_dtype, DType u_dtype, const void* z
 cudaError_t backward(const Shape& sh, DType dout_dtype, DType du_dtype, const void* dout, Scale scale, void* du,
                      cudaStream_t st) {
   if (sh.B * sh.I * sh.J * sh.C == 0) return cudaSuccess;
-  return with_pair(dout_dtype, du_dtype, [&](auto tz, auto tu) {
+  return dev::with_mixed_pair(dout_dtype, du_dtype, [&](auto tz, auto tu) {
     using Tz = decltype(tz);
     using Tu = decltype(tu);
     backward_kernel<Tz, Tu>

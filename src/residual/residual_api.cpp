@@ -14,12 +14,6 @@ using detail::Dim;
 
 const std::initializer_list<DType> kFloat = {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP64};
 
-// The pairs the kernels are built for (residual.cu): fp32 z with any u, or u in z's dtype.
-bool gpu_pair(DType z, DType u) {
-  if (z == DType::kFP32) return u == DType::kBF16 || u == DType::kFP16 || u == DType::kFP32;
-  return (z == DType::kBF16 || z == DType::kFP16) && u == z;
-}
-
 // t has `like`'s shape, contiguous, (GPU) 16-byte aligned.
 Status check_like(const Checker& c, const char* arg, const TensorView& t, const TensorView& like, bool for_gpu) {
   TPF_RETURN_IF_ERROR(
@@ -67,7 +61,7 @@ Status validate_residual(const ResidualParams& p, bool backward, bool for_gpu) {
   const char* u_name = backward ? "du" : "u";
   TPF_RETURN_IF_ERROR(check_like(c, u_name, u, lead, for_gpu));
   TPF_RETURN_IF_ERROR(c.dtype(u_name, u, kFloat));
-  if (for_gpu && !gpu_pair(lead.dtype, u.dtype))
+  if (for_gpu && !detail::mixed_pair(lead.dtype, u.dtype))
     return c.fail(u_name, std::string("dtype ") + dtype_name(u.dtype) + " with " + lead_name + " of dtype " +
                               dtype_name(lead.dtype) + " is not built for the GPU; supported: fp32 " + lead_name +
                               " with bf16, fp16 or fp32, or both in one 16-bit dtype",
