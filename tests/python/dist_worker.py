@@ -52,6 +52,9 @@ def sharded(rank, P, N, out, port):
     if rank == 0:
         grads = {n: p.grad for n, p in block.named_parameters()}
         torch.save({"y": y_all, "dz": dz_all, "grads": grads}, out)
+    # every rank leaves together: a rank that tears its gloo pairs down while a peer still
+    # reads from them can abort that peer ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
