@@ -36,7 +36,6 @@ def run_workers(mode, P, N, tmp_path):
             str(P),
             str(N),
             str(out),
-            str(free_port()),
         ],
         check=True,
         env=env,
