@@ -1,8 +1,10 @@
 // A minimal fixed-partition parallel loop for the CPU reference. Work item i always runs the
-// same code on the same data whatever the thread count, so results do not depend on it.
+// same code on the same data whatever the thread count, so results do not depend on it; where
+// the system refuses a thread, the calling thread runs that thread's partitions.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -20,11 +22,16 @@ void parallel_for(int64_t count, F&& body) {
     for (int64_t i = 0; i < count; ++i) body(i);
     return;
   }
+  auto part = [&](int64_t t) {
+    for (int64_t i = t; i < count; i += threads) body(i);
+  };
   std::vector<std::thread> pool;
-  for (int64_t t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int64_t i = t; i < count; i += threads) body(i);
-    });
+  int64_t t = 0;
+  try {
+    for (; t < threads; ++t) pool.emplace_back(part, t);
+  } catch (const std::system_error&) {  // no thread to be had: this one runs what is left
+    for (; t < threads; ++t) part(t);
+  }
   for (auto& th : pool) th.join();
 }
 
