@@ -10,6 +10,15 @@ PyTorch's per-op temporaries:
                                           GEMM, the activation in one pass each way, and a
                                           saved set of norm(x) and the up projection only
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
+    triangle_attention_layer(x, ...)      a whole TriangleAttention layer (LayerNorm, the stacked
+                                          projection, the attention, the sigmoid gate, the
+                                          output projection), its backward writing every
+                                          projection gradient in place
+    residual_add(z, out, scale)           z + scale * out in one pass (the library's kernel)
+
+swiglu_transition and triangle_attention_layer take residual=True to return residual_add(x,
+update, scale) from the same node, whose backward adds x's pass-through gradient inside the
+LayerNorm backward's pass (the modules' residual_update).
 
 On CUDA the LayerNorm runs on the library's kernel (_norm.py) where it is built for the width
 and dtypes: it writes its output straight in the GEMM's dtype and takes the gradient in it, so
@@ -21,8 +30,9 @@ its own kernels and whose saved set its partitioner chooses (with the nodes, a c
 "The Pairformer modules' PyTorch glue").
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
-autocast runs it), rounds where PyTorch's autocast rounds, and returns fp32 weight gradients for
-fp32 weights. cuBLAS GEMMs and both LayerNorm backwards are run-to-run deterministic, so the gradients are
+autocast runs it), rounds where PyTorch's autocast rounds (except that the gate and SwiGLU
+kernels round once, after the product, where autocast also rounds the activation), and returns
+fp32 weight gradients for fp32 weights. cuBLAS GEMMs and both LayerNorm backwards are run-to-run deterministic, so the gradients are
 bitwise repeatable.
 """
 
