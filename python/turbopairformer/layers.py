@@ -318,6 +318,19 @@ def _bias_order(starting: bool):
     return (0, 3, 1, 2) if starting else (0, 3, 2, 1)
 
 
+def _heads_block(t, block: int, heads, to):
+    """Column block `block` (q, k, v, g: 0..3) of the stacked projection t [B, I, J, P] (or of
+    its gradient) as the kernel's [B, S, H, N, c] view."""
+    H, c = heads
+    return t[..., block * H * c : (block + 1) * H * c].unflatten(-1, (H, c)).permute(to)
+
+
+def _gate_rows(t, heads):
+    """The gate's column block of the stacked projection t [B, I, J, P] as [R, H c] rows."""
+    H, c = heads
+    return _rows(t)[:, 3 * H * c : 4 * H * c]
+
+
 class _TriangleAttentionLayer(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -332,20 +345,19 @@ class _TriangleAttentionLayer(torch.autograd.Function):
             xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [B, I, J, C]
             wc = w.to(cd)  # [P, C]: q, k, v, g (H c each), the bias (H), zero padding
             y = F.linear(xn, wc, None if b is None else b.to(cd))  # [B, I, J, P]
-            q, k, v = (y[..., t * H * c : (t + 1) * H * c].unflatten(-1, (H, c)) for t in range(3))
+            q, k, v = (_heads_block(y, t, heads, to) for t in range(3))  # [B, S, H, N, c] views
             zb = y[..., 4 * H * c : 4 * H * c + H]  # [B, I, J, H]
             bias = zb.permute(_bias_order(starting)).unsqueeze(1).contiguous()  # [B, 1, H, N, N]
             o = y.new_empty(B, I, J, H, c)  # the attention output, in the layer's row order
             res = torch.empty_like(o) if compensate else None
             lse = torch.empty(B, I if starting else J, H, J if starting else I, device=x.device)
-            qs, ks, vs, os_ = (t.permute(to) for t in (q, k, v, o))  # [B, S, H, N, c] views
             res_s = None if res is None else res.permute(to)
             softmax_scale = 1.0 / math.sqrt(c)
             attention.forward_into(
-                qs, ks, vs, bias, mask, softmax_scale, compensate, os_, res_s, lse
+                q, k, v, bias, mask, softmax_scale, compensate, o.permute(to), res_s, lse
             )
             wo_c = wo.to(cd)  # [C, H c]
-            og = _gate.forward(_rows(y)[:, 3 * H * c : 4 * H * c], o.view(-1, H * c))  # [R, H c]
+            og = _gate.forward(_gate_rows(y, heads), o.view(-1, H * c))  # [R, H c]
             out = F.linear(og, wo_c, None if bo is None else bo.to(cd)).view(B, I, J, -1)
             if residual:
                 out = residual_add(x, out, scale)
@@ -363,24 +375,21 @@ class _TriangleAttentionLayer(torch.autograd.Function):
         x, mean, rstd, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c, scale = (
             ctx.saved_tensors
         )
-        H, c = ctx.heads
+        heads = ctx.heads
+        H, c = heads
         Hc = H * c
         to, _ = _slice_order(ctx.starting)
         dz = dout if ctx.residual else None
         dout = _branch_grad(dout, scale if ctx.residual else None, y.dtype)
         dog = _rows(dout) @ wo_c  # [R, H c]
         dy = torch.empty_like(y)  # the stacked projection's gradient, every block written in place
-        dg, d_o, og = _gate.backward(
-            _rows(y)[:, 3 * Hc : 4 * Hc], o.view(-1, H * c), dog, _rows(dy)[:, 3 * Hc : 4 * Hc]
-        )
+        _, d_o, og = _gate.backward(
+            _gate_rows(y, heads), o.view(-1, Hc), dog, _gate_rows(dy, heads)
+        )  # dg lands in dy's gate block; d_o, og: [R, H c]
         dwo, dbo = _weight_grads(dout, og, ctx.w_dtype, ctx.has_out_bias)
-        dq, dk, dv = (
-            dy[..., t * Hc : (t + 1) * Hc].unflatten(-1, (H, c)).permute(to) for t in range(3)
-        )
-        q, k, v = (
-            y[..., t * Hc : (t + 1) * Hc].unflatten(-1, (H, c)).permute(to) for t in range(3)
-        )
-        dbias = torch.empty_like(bias)
+        dq, dk, dv = (_heads_block(dy, t, heads, to) for t in range(3))
+        q, k, v = (_heads_block(y, t, heads, to) for t in range(3))
+        dbias = torch.empty_like(bias)  # [B, 1, H, N, N]
         res_s = None if res is None else res.permute(to)
         attention.backward_into(
             d_o.view(o.shape).permute(to),
