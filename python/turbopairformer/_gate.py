@@ -25,6 +25,7 @@ def _on_kernel(*ts: torch.Tensor) -> bool:
         g.is_cuda
         and g.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and g.shape[0] > 0
+        and g.shape[1] > 0
         and g.shape[1] % 8 == 0
         and all(t.dtype == g.dtype and _rows_ok(t) for t in ts)
     )
