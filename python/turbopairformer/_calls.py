@@ -60,6 +60,13 @@ def check_call(fn, a, *args) -> None:
     _native.check(fn(ctypes.byref(a), *args, err, len(err)), err)
 
 
+def run(fn, a, x: torch.Tensor) -> None:
+    """fn(&a, on_gpu, stream, err, len) on x's device: the CUDA kernels for a CUDA x, the FP64
+    reference otherwise."""
+    with device_of(x):
+        check_call(fn, a, int(x.is_cuda), stream(x))
+
+
 def call_with_workspace(fn, query, a, x: torch.Tensor, *flags) -> None:
     """fn(&a, on_gpu, workspace, bytes, stream, err, len) on x's device, with the workspace
     that query(&a, *flags, &bytes, err, len) asks for."""

@@ -32,11 +32,7 @@ def _on_kernel(*ts: torch.Tensor) -> bool:
 
 
 def _call(fn, **tensors) -> None:
-    g = tensors["g"]
-    with _calls.device_of(g):
-        _calls.check_call(
-            fn, _calls.struct(_native.TpfSigmoidGateArgs, **tensors), 1, _calls.stream(g)
-        )
+    _calls.run(fn, _calls.struct(_native.TpfSigmoidGateArgs, **tensors), tensors["g"])
 
 
 def forward(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

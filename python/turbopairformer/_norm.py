@@ -49,8 +49,7 @@ def forward(x, weight, bias, eps: float, out_dtype: torch.dtype):
     mean = torch.empty(rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     a = _args(eps, x=x, weight=weight, bias=bias, y=y, mean=mean, rstd=rstd)
-    with _calls.device_of(x):
-        _calls.check_call(_native.LIB.tpf_layer_norm_forward, a, int(x.is_cuda), _calls.stream(x))
+    _calls.run(_native.LIB.tpf_layer_norm_forward, a, x)
     return y, mean, rstd
 
 

@@ -49,10 +49,7 @@ def _scale_ok(scale: torch.Tensor, lead: torch.Tensor, u_dtype: torch.dtype) -> 
 
 
 def _call(fn, lead, **tensors) -> None:
-    with _calls.device_of(lead):
-        _calls.check_call(
-            fn, _calls.struct(_native.TpfResidualArgs, **tensors), 1, _calls.stream(lead)
-        )
+    _calls.run(fn, _calls.struct(_native.TpfResidualArgs, **tensors), lead)
 
 
 def forward(z: torch.Tensor, u: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:

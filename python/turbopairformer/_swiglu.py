@@ -27,13 +27,7 @@ def forward(x: torch.Tensor) -> torch.Tensor:
         a, b = (t.to(torch.promote_types(x.dtype, torch.float32)) for t in x.chunk(2, -1))
         return (a * torch.sigmoid(a) * b).to(x.dtype)
     y = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
-    with _calls.device_of(x):
-        _calls.check_call(
-            _native.LIB.tpf_swiglu_forward,
-            _calls.struct(_native.TpfSwigluArgs, x=x, y=y),
-            1,
-            _calls.stream(x),
-        )
+    _calls.run(_native.LIB.tpf_swiglu_forward, _calls.struct(_native.TpfSwigluArgs, x=x, y=y), x)
     return y
 
 
@@ -51,11 +45,6 @@ def backward(x: torch.Tensor, dy: torch.Tensor):
         dy = dy.clone()
     dx = torch.empty_like(x)
     y = torch.empty_like(dy)
-    with _calls.device_of(x):
-        _calls.check_call(
-            _native.LIB.tpf_swiglu_backward,
-            _calls.struct(_native.TpfSwigluArgs, x=x, y=y, dy=dy, dx=dx),
-            1,
-            _calls.stream(x),
-        )
+    a = _calls.struct(_native.TpfSwigluArgs, x=x, y=y, dy=dy, dx=dx)
+    _calls.run(_native.LIB.tpf_swiglu_backward, a, x)
     return dx, y

@@ -38,8 +38,7 @@ def forward_into(q, k, v, bias, mask, scale, compensate, out, res, lse) -> None:
     compensate) and lse, any strides the core takes: what the custom op and the fused layer
     (turbopairformer.layers) share."""
     a = _args(scale, compensate, **_forward_tensors(q, k, v, bias, mask, out, res, lse, compensate))
-    with _calls.device_of(q):
-        _calls.check_call(_native.LIB.tpf_attention_forward, a, int(q.is_cuda), _calls.stream(q))
+    _calls.run(_native.LIB.tpf_attention_forward, a, q)
 
 
 def backward_into(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, dq, dk, dv, dbias):

@@ -22,8 +22,8 @@ from .layers import (
     residual_add,
     triangle_attention_layer,
 )
+from .trimul import kernel_input, triangle_multiplicative_update
 from .trimul import residual_update as trimul_residual_update
-from .trimul import triangle_multiplicative_update
 
 
 class _GatedAttentionProjections(nn.Module):
@@ -198,8 +198,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
     def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         lead = z.shape[:-3]
         z = z.reshape(-1, *z.shape[-3:])
-        if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
-            z = z.to(torch.bfloat16)  # the CUDA kernels take bf16 pair tensors
+        z = kernel_input(z)  # the CUDA kernels take bf16 pair tensors
         if mask is not None:
             mask = mask.reshape(-1, *mask.shape[-2:])
         direction = "outgoing" if self.outgoing else "incoming"

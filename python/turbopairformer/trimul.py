@@ -198,6 +198,14 @@ def triangle_multiplicative_update(
     return out.squeeze(0) if unbatched else out
 
 
+def kernel_input(z: torch.Tensor) -> torch.Tensor:
+    """The pair tensor as the CUDA kernels take it: bf16 under CUDA autocast (a copy of an fp32
+    residual stream), else z itself."""
+    if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
+        return z.to(torch.bfloat16)
+    return z
+
+
 class _ResidualUpdate(torch.autograd.Function):
     """z + scale * update(z) for a [B, N, N, C] pair tensor z (fp32 under autocast: the update
     runs on its bf16 copy). The backward forms the update's gradient in one pass from the
@@ -206,9 +214,7 @@ class _ResidualUpdate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, scale, mask, direction, eps, low_memory, *weights):
-        x = z
-        if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
-            x = z.to(torch.bfloat16)  # the CUDA kernels take bf16 pair tensors
+        x = kernel_input(z)
         with torch.autocast(z.device.type, enabled=False):
             save = any(t is not None and t.requires_grad for t in [z, *weights]) and not low_memory
             out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
@@ -240,11 +246,8 @@ def residual_update(
     z [B, N, N, C] (scale: None or broadcastable to z, e.g. a shared dropout mask) as one
     autograd node in eager mode; the composed ops under torch.compile and for empty inputs."""
     if torch.compiler.is_compiling() or z.numel() == 0:
-        x = z
-        if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
-            x = z.to(torch.bfloat16)
         out = triangle_multiplicative_update(
-            x, direction, mask, eps, low_memory=low_memory, **weights
+            kernel_input(z), direction, mask, eps, low_memory=low_memory, **weights
         )
         return residual_add(z, out, scale)
     w = [weights.get(n) for n in WEIGHTS]
