@@ -3,6 +3,7 @@
 
 #include "common/cuda_check.h"
 #include "common/host_dtype.h"
+#include "reference/ref_math.h"
 #include "turbopairformer/reference.h"
 
 namespace tpf::reference {
@@ -10,8 +11,6 @@ namespace {
 
 using detail::load;
 using detail::store;
-
-double sigmoid(double a) { return 1.0 / (1.0 + std::exp(-a)); }
 
 Status check_host(const char* op, const SigmoidGateParams& p) {
   return detail::check_host_pointers(op, {{"g", p.g.data},

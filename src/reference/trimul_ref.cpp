@@ -7,6 +7,7 @@
 #include "common/cuda_check.h"
 #include "common/host_dtype.h"
 #include "common/parallel.h"
+#include "reference/ref_math.h"
 #include "turbopairformer/reference.h"
 
 namespace tpf::reference {
@@ -45,8 +46,6 @@ void write_mat(const TensorView& t, const Vec& v) {
   for (int64_t i = 0; i < t.shape[0]; ++i)
     for (int64_t j = 0; j < c; ++j) store(t, t.offset({i, j}), v[i * c + j]);
 }
-
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 struct Weights {
   Vec ln_in_w, ln_in_b, p_in_w, p_in_b, g_in_w, g_in_b, ln_out_w, ln_out_b, p_out_w, p_out_b,
