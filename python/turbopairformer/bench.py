@@ -771,8 +771,9 @@ def main(argv=None):
     ap.add_argument(
         "--backends",
         default=None,
-        help="with --pairformer (and --breakdown): a comma list of backends to run (default: "
-        "every one available)",
+        help="a comma list of backends to run (default: every one available); with --pairformer "
+        "(and --breakdown) the Pairformer backends, otherwise the attention and multiplicative-"
+        "update ones (e.g. turbopairformer,cuequivariance,trifast)",
     )
     ap.add_argument(
         "--breakdown",
@@ -859,8 +860,16 @@ def main(argv=None):
     Ds = [int(x) for x in args.d.split(",")]
     tri_Ns = [int(x) for x in args.trimul_n.split(",")] if args.trimul_n else Ns
     out = _out_dir(args.out, gpu)
-    att = attention_backends()
-    tri = trimul_backends()
+    att, tri = attention_backends(), trimul_backends()
+    if args.backends:
+        wanted = args.backends.split(",")
+        unknown = sorted(set(wanted) - set(att) - set(tri))
+        if unknown:
+            sys.exit(
+                f"turbopairformer.bench: unknown backends {unknown}; known: {sorted({*att, *tri})}"
+            )
+        att = {k: v for k, v in att.items() if k in wanted}
+        tri = {k: v for k, v in tri.items() if k in wanted}
     for name, b in list(att.items()) + list(tri.items()):
         if isinstance(b, str):
             print(f"skipping {name}: {b}", file=sys.stderr)
