@@ -367,7 +367,8 @@ def _part(blk, part, transposed_end):
 
 
 def _kernel_ms(step, steps=3):
-    """CUDA kernel time per step from torch.profiler: (ours, everything else, the top kernels)."""
+    """CUDA kernel time per step from torch.profiler: (ours, everything else, the top kernels as
+    (name, ms per step, calls per step))."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -377,13 +378,13 @@ def _kernel_ms(step, steps=3):
             step()
         torch.cuda.synchronize()
     rows = [
-        (e.key, e.device_time_total / 1e3 / steps)
+        (e.key, e.device_time_total / 1e3 / steps, e.count / steps)
         for e in prof.key_averages()
         if e.device_time_total > 0 and e.device_type.name == "CUDA"
     ]
-    ours = sum(ms for k, ms in rows if "tpf::" in k)
-    rest = sum(ms for k, ms in rows if "tpf::" not in k)
-    return ours, rest, sorted(rows, key=lambda r: -r[1])[:12]
+    ours = sum(ms for k, ms, _ in rows if "tpf::" in k)
+    rest = sum(ms for k, ms, _ in rows if "tpf::" not in k)
+    return ours, rest, sorted(rows, key=lambda r: -r[1])[:30]
 
 
 def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
@@ -446,8 +447,8 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
         )
     for name, N, top in tops:
         lines += ["", f"Top kernels of the {name} pair block at N = {N} (ms per step):", ""]
-        lines += ["| kernel | ms |", "|---|---|"]
-        lines += [f"| `{k[:90]}` | {ms:.3f} |" for k, ms in top]
+        lines += ["| kernel | ms | calls |", "|---|---|---|"]
+        lines += [f"| `{k[:160]}` | {ms:.3f} | {n:g} |" for k, ms, n in top]
     write_tables(
         out_dir,
         "pairformer_breakdown",
