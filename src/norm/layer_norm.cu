@@ -116,41 +116,37 @@ __global__ void __launch_bounds__(kThreads)
   stage_params(smem, weight, Param{nullptr, DType::kFP32}, r.W);
   const Slot sl;
   const bool vx = aligned16(x), vdy = aligned16(dy), vdx = aligned16(dx) && aligned16(dx_in);
-  float gw[4 * kUnits];  // [4u + e] weight of channel sl.channel(u) + e
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) gw[4 * u + e] = u < r.W / 32 ? smem[sl.channel(u) + e] : 0.f;
   float sw[4 * kUnits] = {}, sb[4 * kUnits] = {};  // this lane's sum dy xhat, sum dy
   for (int64_t t = blockIdx.x; t < tiles(r); t += gridDim.x) {
     const int64_t m = t * kRowsPerBlock + sl.row;
     const bool in = m < r.rows;
     const float mu = in ? mean[m] : 0.f, rs = in ? rstd[m] : 0.f;
-    float xh[4 * kUnits] = {}, g[4 * kUnits] = {};  // [4u + e] xhat; dy, then d xhat, then dx
+    // [4u + e] channel sl.channel(u) + e: xhat; dy, then d xhat, then dx; the dx_in addend.
+    // All three loads are issued before any use, so a row costs one memory round trip.
+    float xh[4 * kUnits] = {}, g[4 * kUnits] = {}, add[4 * kUnits] = {};
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       if (!in || u >= r.W / 32) continue;
       rows::load4(xh + 4 * u, x + m * r.W + sl.channel(u), vx);
       rows::load4(g + 4 * u, dy + m * r.W + sl.channel(u), vdy);
+      if (dx_in) rows::load4(add + 4 * u, dx_in + m * r.W + sl.channel(u), vdx);  // read before dx's store: may be dx
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * u + e;
         xh[i] = (xh[i] - mu) * rs;
         sw[i] += g[i] * xh[i], sb[i] += g[i];
-        g[i] *= gw[i];
+        g[i] *= u < r.W / 32 ? smem[sl.channel(u) + e] : 0.f;  // the weight (stage_params)
       }
-    }
     rows::norm_backward(g, xh, r.W, rs);
     if (!in) continue;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
       if (u >= r.W / 32) continue;
-      if (dx_in) {  // read before the store: dx_in may be dx
-        float add[4];
-        rows::load4(add, dx_in + m * r.W + sl.channel(u), vdx);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) g[4 * u + e] += add[e];
-      }
+      for (int e = 0; e < 4; ++e) g[4 * u + e] += add[4 * u + e];
       rows::store4(dx + m * r.W + sl.channel(u), g + 4 * u, vdx);
     }
   }
