@@ -900,6 +900,8 @@ def main(argv=None):
     )  # partial results survive a kill
 
     def on_term(signum, frame):  # e.g. `timeout`: finish the report, plots included, then stop
+        for r in rows:  # the case that was running
+            r.setdefault("status", f"stopped by signal {signum} while running")
         rows.append({"op": "note", "backend": "-", "N": 0, "status": f"stopped by signal {signum}"})
         write_report(rows, out, gpu, meta=meta())
         sys.exit(128 + signum)
