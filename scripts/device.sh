@@ -8,7 +8,8 @@
 #   scripts/device.sh sanitize [BUILD]        memcheck, racecheck, synccheck on small cases of both ops
 #   scripts/device.sh accuracy [TPF] [DIR]    attention accuracy and determinism tables
 #   scripts/device.sh ab ROUNDS "ARGS" BIN... alternating A/B rounds of `tpf bench ARGS` over builds
-#                                             (each BIN a folder with a tpf binary), then medians
+#                                             (each BIN a folder with a tpf binary), then medians;
+#                                             rounds in $OUT/ab_rounds_<n>.txt, n counting calls
 #   scripts/device.sh profile TPF [ARGS...]   per-kernel times of one `tpf bench ARGS` (Nsight Compute)
 #   scripts/device.sh install [WHEEL]         wheel-test's environment and install, without the tests
 #   scripts/device.sh wheel-test [WHEEL]      a fresh virtual environment, `pip install` of a wheel
@@ -68,12 +69,14 @@ case "$cmd" in
     ;;
   ab)
     rounds=${1:?rounds}; args=${2:?bench args}; shift 2
+    n=1; while [ -e "$OUT/ab_rounds_$n.txt" ]; do n=$((n + 1)); done
+    rounds_file="$OUT/ab_rounds_$n.txt"  # one file per call: a second ab keeps the first's rounds
     for r in $(seq 1 "$rounds"); do
       for b in "$@"; do  # alternating: lent machines differ by 2-3% from call to call
         "$b/tpf" bench $args 2>/dev/null | awk -v b="$(basename "$b")" -v r="$r" '/^ +[0-9]/ {print b, r, $0}'
       done
-    done | tee "$OUT/ab_rounds.txt"
-    "$PY" - "$OUT/ab_rounds.txt" <<'PY'
+    done | tee "$rounds_file"
+    "$PY" - "$rounds_file" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
@@ -130,7 +133,7 @@ PY
     "$PY" -m turbopairformer.bench --pairformer --breakdown --n "${2:-768}" --out "${1:-bench/results/h200}"
     ;;
   -h|--help|"")
-    sed -n 2,24p "$0"
+    sed -n '2,/^set -uo/p' "$0" | sed '$d'
     ;;
   *)
     echo "scripts/device.sh: unknown command '$cmd' (see --help)" >&2; exit 2
