@@ -7,7 +7,8 @@
 #include <type_traits>
 
 #include "attention/dispatch.cuh"
-#include "attention/forward_parts.cuh"
+#include "attention/forward_loads.cuh"
+#include "attention/forward_math.cuh"
 #include "attention/kernels.h"
 #include "attention/tma_maps.h"
 #include "common/kernel_attrs.h"

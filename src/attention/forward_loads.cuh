@@ -1,7 +1,8 @@
-// The attention forward's load parts (forward_parts.cuh): the Q, K, V and bias tiles of a
+// The attention forward's load parts (forward.cu): the Q, K, V and bias tiles of a
 // (b, s, h) slice and query tile, by TMA or cp.async, double-buffered along the keys; and the
 // key mask, streamed into shared memory as each stage's 0 / -inf score offsets.
 #pragma once
+#include "attention/forward_tiles.cuh"
 
 namespace tpf::attn {
 namespace {

@@ -1,9 +1,10 @@
-// The attention forward's math parts (forward_parts.cuh), per warp of 16 query rows (wgmma: per
+// The attention forward's math parts (forward.cu), per warp of 16 query rows (wgmma: per
 // warpgroup of 64) and key tile of BK: the products S = mask + QK^T and O += PV (FwdMma), the
 // pair-bias score modifier (add_pair_bias), the online softmax (OnlineSoftmax) and the epilogue
 // (write_outputs). Accumulators are in mma.sync's C layout: thread (g = lane / 4, t = lane % 4)
 // holds rows g, g + 8 and columns 2t, 2t + 1 of every n8 tile (wgmma's is the same per warp).
 #pragma once
+#include "attention/forward_tiles.cuh"
 
 namespace tpf::attn {
 namespace {

@@ -1,8 +1,7 @@
-// The parts the attention forward kernel (forward.cu) is composed of, in the order a key tile
-// meets them: the shared-memory carve (FwdSmem), the tile loads (FwdLoads: TMA or cp.async),
-// the key-mask stream (KeyMaskStream), the two products (FwdMma: wgmma or mma.sync), the
-// pair-bias score modifier (add_pair_bias), the online softmax (OnlineSoftmax) and the epilogue
-// (write_outputs). The tile sizes come from tile_config.h; the layouts from tile_io.cuh.
+// The attention forward's tiles (forward.cu): the kernel's configuration from tile_config.h's
+// table, the key-mask tile layout, the TMA maps, the shared-memory size and the block's carve of
+// it (FwdSmem). The kernel's parts: forward_loads.cuh (load policy, key mask) and
+// forward_math.cuh (products, score modifier, online softmax, epilogue).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -119,6 +118,3 @@ struct FwdSmem {
 
 }  // namespace
 }  // namespace tpf::attn
-
-#include "attention/forward_loads.cuh"
-#include "attention/forward_math.cuh"
