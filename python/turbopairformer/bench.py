@@ -810,6 +810,14 @@ def main(argv=None):
             meta={k: data[k] for k in ("command", "wall_s") if k in data},
         )
         return
+    report_run = not (
+        args.trimul_accuracy or args.attention_accuracy or args.pairformer or args.head_dims
+    )
+    if report_run and args.backends:  # before the GPU check: a typo fails on any machine
+        known = {*attention_backends(), *trimul_backends()}
+        unknown = sorted(set(args.backends.split(",")) - known)
+        if unknown:
+            sys.exit(f"turbopairformer.bench: unknown backends {unknown}; known: {sorted(known)}")
     if not torch.cuda.is_available():
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
     gpu = torch.cuda.get_device_name()
@@ -863,11 +871,6 @@ def main(argv=None):
     att, tri = attention_backends(), trimul_backends()
     if args.backends:
         wanted = args.backends.split(",")
-        unknown = sorted(set(wanted) - set(att) - set(tri))
-        if unknown:
-            sys.exit(
-                f"turbopairformer.bench: unknown backends {unknown}; known: {sorted({*att, *tri})}"
-            )
         att = {k: v for k, v in att.items() if k in wanted}
         tri = {k: v for k, v in tri.items() if k in wanted}
     for name, b in list(att.items()) + list(tri.items()):

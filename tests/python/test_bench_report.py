@@ -283,3 +283,10 @@ def test_peaked_accuracy_table_on_cpu(tmp_path):
     md = (tmp_path / "attention_accuracy_peaked.md").read_text()
     assert "| 7 | 16 | logit std 8 | turbopairformer, no compensation |" in md
     assert "dominant" in md and "pytorch_sdpa" in md
+
+
+def test_an_unknown_report_backend_is_named_before_anything_runs():
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--backends", "turbopairformer,cuequivarience"])
+    msg = str(e.value)
+    assert "unknown backends ['cuequivarience']" in msg and "cuequivariance" in msg
