@@ -3,8 +3,8 @@
     python -m turbopairformer.bench [--n 128,256,...] [--d 16,32] [--out DIR] [--quick]
 
 Times forward and forward+backward (median of CUDA-event-timed calls after warm-up, inputs
-rotated among three sets so that L2 does not serve them), peak memory, relative RMSE against
-FP64 at one size and bitwise determinism of the gradients over 5 calls, for triangle attention
+rotated among three sets so that L2 does not serve them; one set where a set is over 1 GiB),
+peak memory, relative RMSE against FP64 at one size and bitwise determinism of the gradients over 5 calls, for triangle attention
 (B=1, H=4, S=N, bf16, 20% of keys masked) and the multiplicative update (C=128). Each
 alternative runs in its own native layout, converted once outside the timed region; one that
 fails or runs out of memory gets that written in its row and the run goes on. Cases run size by
@@ -218,6 +218,17 @@ def trimul_inputs(N, C, seed, device="cuda"):
 
 
 # --------------------------------------------------------------------------------- measurement
+# Inputs rotate among three sets so that L2 (50 MB on an H200) does not serve a call from the
+# previous one's; a set over this size cannot stay in L2 anyway, and two more copies of it only
+# take memory from the backend under test (three N = 4096 multiplicative-update sets: 26 GB).
+ROTATED_SET_MAX_BYTES = 1 << 30
+
+
+def input_set_count(set_bytes: int) -> int:
+    """How many input sets a case rotates among: 3, or 1 for sets too large for L2 to matter."""
+    return 3 if set_bytes <= ROTATED_SET_MAX_BYTES else 1
+
+
 def timed_iters(first_ms, target_ms=1500.0, lo=5, hi=15):
     """How many timed calls: up to `hi`, but no more than fit in `target_ms` (at least `lo`), so
     that a 400 ms case at N = 2048 does not cost as much wall time as the rest of its size."""
@@ -298,8 +309,9 @@ def attention_case(name, b, N, D, accuracy_n, rows, save):
     prep, fn, to_ours = b
 
     def body(row):
-        sets = []  # three input sets in the backend's layout, leaves marked for autograd
-        for seed in range(3):
+        sets = []  # input sets in the backend's layout, leaves marked for autograd
+        # q, k, v, dout [B,S,H,N,D] and the bias [B,1,H,N,N], 2 bytes each
+        for seed in range(input_set_count(2 * (4 * N * H * N * D + H * N * N))):
             q, k, v, bias, mask, _ = attention_inputs(N, D, seed)
             args = list(prep(q, k, v, bias, mask))
             for i in range(4):
@@ -356,8 +368,8 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
         return
 
     def body(row):
-        sets = []  # three input sets: (x, mask, weights, autograd leaves)
-        for seed in range(3):
+        sets = []  # input sets: (x, mask, weights, autograd leaves)
+        for seed in range(input_set_count(2 * 2 * N * N * C)):  # x and dout, bf16
             x, mask, w, _ = trimul_inputs(N, C, seed)
             leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
             sets.append((x, mask, w, leaves))

@@ -290,3 +290,10 @@ def test_an_unknown_report_backend_is_named_before_anything_runs():
         bench.main(["--backends", "turbopairformer,cuequivarience"])
     msg = str(e.value)
     assert "unknown backends ['cuequivarience']" in msg and "cuequivariance" in msg
+
+
+def test_large_input_sets_are_not_rotated():
+    # N = 768 attention (q, k, v, dout, bias in bf16): 0.3 GB a set, rotated; the N = 4096
+    # multiplicative update's x and dout: 8.6 GB a set, one copy.
+    assert bench.input_set_count(2 * (4 * 768 * 4 * 768 * 32 + 4 * 768 * 768)) == 3
+    assert bench.input_set_count(2 * 2 * 4096 * 4096 * 128) == 1
