@@ -25,13 +25,130 @@
 #include "common/wgmma.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
-#include "attention/backward_block.cuh"
-#include "attention/backward_math.cuh"
 #include "attention/tile_config.h"
 #include "attention/tile_io.cuh"
 
 namespace tpf::attn {
 namespace {
+
+// Shared memory of one block, in elements; the regions follow one another in this order. C: dQ
+// turn chains (tile_config.h's bwd_dq_chains).
+template <class BiasT, int D, int C>
+struct BwdSmem {
+  using Cfg = BwdConfig<D>;
+  static constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
+  static constexpr int kFStride = BQ + 8;      // fp32 [BK][BQ] rows padded: float2 writes of 8
+                                               // rows x 4 lanes hit distinct banks per half-warp
+  // 16-bit regions
+  static constexpr int kK = 2 * G * BK * D;    // sK    [2][G][BK][D]    swizzled; per slice group,
+  static constexpr int kV = 2 * G * BK * D;    // sV    [2][G][BK][D]    double-buffered
+  static constexpr int kQ = 2 * G * BQ * D;    // sQ    [2][G][BQ][D]    per step, double-buffered
+  static constexpr int kDO = 2 * G * BQ * D;   // sdO   [2][G][BQ][D]
+  static constexpr int kDS = G * BK * BQ;      // sdS   [G][BK][BQ]      dS^T, swizzled
+  static constexpr int k16 = kK + kV + kQ + kDO + kDS;
+  // fp32 regions
+  static constexpr int kLse = 2 * G * BQ;      // sLse  [2][G][BQ]       LSE * log2(e)
+  static constexpr int kDlt = 2 * G * BQ;      // sDlt  [2][G][BQ]
+  static constexpr int kOld = BK * kFStride;   // sOld  [BK][BQ+8]       dbias partial so far
+                                               //   (a step ahead; two ahead measured no faster)
+  static constexpr int kDSf = G * BK * kFStride;  // sdSf [G][BK][BQ+8]  dS^T, fp32, for dbias
+  // sDq [stages][G][BQ][kDqPitch], this key tile's dQ part. Rows of D floats all start on bank 0,
+  // so the math's float2 stores (4 rows x 4 lanes a half-warp) conflict 4 ways; 8 floats of padding
+  // put the 4 rows 8 banks apart. Only with short chains (C > 1: at N = 768 the padding measured
+  // slower, tile_config.h), and only where it fits (not at D = 32 with an fp32 bias).
+  static constexpr int kDqRows = Cfg::kDqStages * G * BQ;
+  // bias tiles [2] (bias dtype, BiasTile layout)
+  static constexpr int kBiasBytes = BiasTile<BiasT, BQ, BK>::kBytes;
+  // wgmma reads the 16-bit tiles through swizzle patterns keyed to address bits: the block's
+  // base is aligned to the 128-byte swizzle's 1024-byte period (sdS), the rest follow in whole
+  // 4 KB tiles.
+  static constexpr int kAlign = Cfg::kWgmma ? 1024 : 0;
+  static constexpr size_t bytes_with(int dq_pitch) {
+    return size_t(k16) * 2 + size_t(kLse + kDlt + kOld + kDSf + kDqRows * dq_pitch) * 4 + 2 * kBiasBytes + kAlign;
+  }
+  static constexpr int kDqPitch = C > 1 && bytes_with(D + 8) <= 227 * 1024 ? D + 8 : D;
+  static constexpr int kDq = kDqRows * kDqPitch;
+  static constexpr size_t bytes() { return bytes_with(kDqPitch); }
+  static_assert(bytes() <= 227 * 1024, "the H200's shared memory per block");
+};
+
+// Named barriers (0, __syncthreads, is not used once the roles split). "+ st": one per stage.
+// Each but the first and last hands a buffer between the math warps (all of them) and the helper
+// warps of one role (both dbias warps; one dQ warp): the side that hands it over arrives (does
+// not wait), the side that takes it syncs.
+constexpr int kMaxDqStages = 3;  // (4 do not fit in shared memory at D = 32 with an fp32 bias)
+enum BwdBarrier : int {
+  kBarTiles = 1,      // the math warps among themselves: a step's tiles landed, the other
+                      // stage free for the next step's loads
+  kBarDoneB = 2,      // sdSf written (math -> dbias warps)
+  kBarDoneQ = 3,      // + stage: sDq[stage] written (math -> the step's dQ warp)
+  kBarDqFree = kBarDoneQ + kMaxDqStages,   // + stage: sDq[stage] added (dQ warp -> math)
+  kBarDsFree = kBarDqFree + kMaxDqStages,  // sdSf read for dbias (dbias warps -> math)
+  kBarQuad = kBarDsFree + 1,               // + quad: a quad's dS^T tile complete (G <= 2)
+};
+static_assert(kBarQuad + 2 <= 16, "16 named barriers");
+
+// Everything a block's roles share: the problem, its place in it, and the shared tiles.
+template <class T, class BiasT, int D, int C>
+struct BwdBlock {
+  using Cfg = BwdConfig<D>;
+  using L = BwdSmem<BiasT, D, C>;
+  static constexpr int G = Cfg::kSlices, BK = Cfg::kBlockK, BQ = Cfg::kBlockQ;
+  static constexpr int kMath = Cfg::kMathThreads;
+  static constexpr int kWith = kMath + 64;      // participants of a math <-> dbias barrier: the
+                                                // math and both dbias warps
+  static constexpr int kWith1 = kMath + 32;     // of a math <-> dQ warp barrier: one dQ warp
+  static constexpr int kVirt = 2;               // a dbias warp takes half of a 128-thread
+                                                // geometry: lane + 32 v + 64 half, v < kVirt
+  const BwdArgs& a;
+  int N, S, H, b, h, kb, k0, n_sg, nq, sg_begin, sg_end, steps;
+  T *sK, *sV, *sQ, *sdO, *sdS;
+  float *sLse, *sDlt, *sOld, *sdSf, *sDq;
+  uint8_t* sBias;
+  float* part;  // this block's dbias partial: rows = its BK keys, all Nq (padded) query columns
+
+  __device__ __forceinline__ BwdBlock(const BwdArgs& args, uint8_t* smem) : a(args) {
+    N = a.dims.N, S = a.dims.S, H = a.dims.H;
+    kb = blockIdx.x, b = blockIdx.z / H, h = blockIdx.z % H, k0 = kb * BK;
+    n_sg = (S + G - 1) / G, nq = (N + BQ - 1) / BQ;
+    sg_begin = blockIdx.y * a.groups_per_chunk;
+    sg_end = min(n_sg, sg_begin + a.groups_per_chunk);
+    steps = max(0, sg_end - sg_begin) * nq;
+    sK = reinterpret_cast<T*>(smem);
+    sV = sK + L::kK;
+    sQ = sV + L::kV;
+    sdO = sQ + L::kQ;
+    sdS = sdO + L::kDO;
+    sLse = reinterpret_cast<float*>(sdS + L::kDS);
+    sDlt = sLse + L::kLse;
+    sOld = sDlt + L::kDlt;
+    sdSf = sOld + L::kOld;
+    sDq = sdSf + L::kDSf;
+    sBias = reinterpret_cast<uint8_t*>(sDq + L::kDq);
+    part = a.dbias_part ? a.dbias_part +
+                              ((static_cast<int64_t>(blockIdx.y) * a.dims.B + b) * H + h) *
+                                  static_cast<int64_t>(a.part_rows) * a.part_cols +
+                              static_cast<int64_t>(k0) * a.part_cols
+                        : nullptr;
+  }
+  // Step gs of this block: slice group and query tile.
+  __device__ __forceinline__ int group_of(int gs) const { return sg_begin + gs / nq; }
+  __device__ __forceinline__ int query_tile_of(int gs) const { return gs % nq; }
+  // The slice that quad m reads in group sg (slice 0 if past S: its rows then count as empty).
+  __device__ __forceinline__ int slice_of(int sg, int m) const { return sg * G + m < S ? sg * G + m : 0; }
+  __device__ __forceinline__ int rows_of(int sg, int m) const { return sg * G + m < S ? N : 0; }
+  __device__ __forceinline__ T* k_tile(int sg, int m) const { return sK + (((sg - sg_begin) & 1) * G + m) * BK * D; }
+  __device__ __forceinline__ T* v_tile(int sg, int m) const { return sV + (((sg - sg_begin) & 1) * G + m) * BK * D; }
+  // This key tile's dQ chain and its place in it; whether it is the chain's last.
+  // (C is a template parameter: read from the arguments, the divisor cost the dQ warps' loop its
+  // versioning on the first place and the kernel 12%, perf-notes v17.)
+  __device__ __forceinline__ int chain() const { return kb % C; }
+  __device__ __forceinline__ int chain_pos() const { return kb / C; }
+  __device__ __forceinline__ bool chain_last() const { return kb + C >= static_cast<int>(gridDim.x); }
+  __device__ __forceinline__ int* turn_of(int sg, int qi) const {
+    return a.dq_turn + (((static_cast<int64_t>(chain()) * a.dims.B + b) * H + h) * n_sg + sg) * nq + qi;
+  }
+};
 
 // The helper's dbias warps: the dbias partial of step gs = the partial so far + every quad's dS in
 // quad order, into the block's private fp32 partial; warp `half` takes half of the tile's rows. The
@@ -186,53 +303,303 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
 // the helper (fp32, dbias) and for this quad's dQ part = dS K (16-bit, then fp32 into sDq).
 template <class T, class BiasT, int D, int C>
 __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int tid) {
-  using M = BwdMath<T, BiasT, D, C>;
   using B = BwdBlock<T, BiasT, D, C>;
-  constexpr int kDqStages = BwdConfig<D>::kDqStages;
-  const M m(k, tid);
-  m.load_step(0);
+  using L = BwdSmem<BiasT, D, C>;
+  using Mma = dev::MmaOp<T>;
+  constexpr int G = B::G, BK = B::BK, BQ = B::BQ;
+  constexpr int QT = BQ / 8, DT = D / 8, KS = D / 16, FS = L::kFStride;
+  constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (0 at D=16)
+  constexpr int kDqUnitsPerWarp = kDqUnits > 0 ? kDqUnits : 1;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr bool kWg = BwdConfig<D>::kWgmma;  // wgmma for S^T, dP^T, dV, dK (tile_config.h)
+  static_assert(!kWg || (D == 32 && BQ == 64 && BK == 64), "the wgmma shapes: 64 x 64 x 32 steps");
+  const BwdArgs& a = k.a;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int quad = warp / 4, wq = warp % 4;
+  // This warp's 16 keys: thread rows krow[0] = g, krow[1] = g + 8 of the warp's block.
+  const int krow[2] = {wq * 16 + g, wq * 16 + g + 8};
+  T* qdS = k.sdS + quad * BK * BQ;
+  float* qdSf = k.sdSf + quad * BK * FS;
+  const int qtid = tid % 128;
+  const BiasT* gBias = static_cast<const BiasT*>(a.bias.ptr) + k.b * a.bias.sb + k.h * a.bias.sh;
+  const TileCopier<D, BQ, 128> q_copier(qtid);  // a quad copies its own slice's tiles
+  const TileCopier<D, BK, 128> kv_copier(qtid);
+  const BiasCopier<BiasT, BQ, BK, B::kMath> bias_copier(tid);
+  // Everything step gs reads, into stage gs & 1: Q, dO, LSE, Dlt of each quad's slice, the bias
+  // tile, and on a group's first step its K and V (double-buffered by group). Issued a step
+  // ahead by the math warps themselves: a ~10-instruction burst per thread, where one loader
+  // warp took ~5000 cycles a step to issue them (perf-notes v12).
+  auto load_step = [&](int gs) {
+    const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
+    const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
+    q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
+    q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
+    if (qi == 0) {
+      kv_copier.copy(k.k_tile(sg, quad), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
+      kv_copier.copy(k.v_tile(sg, quad), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);
+    }
+    if (qtid < BQ) {  // LSE (log2 units) and Dlt; zero past N, harmless since dO is zero there
+      const int64_t row = ((static_cast<int64_t>(k.b) * k.S + s) * k.H + k.h) * k.N + q0 + qtid;
+      const bool ok = q0 + qtid < rows;
+      dev::cp_async_4(k.sLse + (st * G + quad) * BQ + qtid, a.lse_log2 + row, ok);
+      dev::cp_async_4(k.sDlt + (st * G + quad) * BQ + qtid, a.delta + row, ok);
+    }
+    bias_copier.copy(k.sBias + st * L::kBiasBytes, a.bias, gBias, q0, k.k0, k.N, tid);
+  };
+  load_step(0);
   dev::cp_async_commit();
-  bool attend[2], attend_next[2];  // the key mask of a group's rows, fetched one group ahead
+
+  // The key mask of a group's rows, fetched one group ahead.
+  auto attended = [&](int sg, int r) {
+    const int s = sg * G + quad;
+    return s < k.S && key_attended(a.mask, k.b, s, k.k0 + krow[r], k.N);
+  };
+  bool attend[2], attend_next[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) attend_next[r] = m.attended(k.sg_begin, r);
-  float dk[M::DT][4], dv[M::DT][4];  // 16 keys x D per warp, this quad's slice
+  for (int r = 0; r < 2; ++r) attend_next[r] = attended(k.sg_begin, r);
+  float dk[DT][4], dv[DT][4];  // 16 keys x D per warp, this quad's slice
 
   for (int gs = 0; gs < k.steps; ++gs) {
-    const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
+    const int st = gs & 1, sg = k.group_of(gs), qi = k.query_tile_of(gs);
     if (qi == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) attend[r] = attend_next[r];
       if (sg + 1 < k.sg_end)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) attend_next[r] = m.attended(sg + 1, r);
+        for (int r = 0; r < 2; ++r) attend_next[r] = attended(sg + 1, r);
 #pragma unroll
-      for (int dt = 0; dt < M::DT; ++dt)
+      for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
     }
+    const T* qK = k.k_tile(sg, quad);
+    const T* qV = k.v_tile(sg, quad);
+    const T* tQ = k.sQ + (st * G + quad) * BQ * D;
+    const T* tdO = k.sdO + (st * G + quad) * BQ * D;
+    const float* tLse = k.sLse + (st * G + quad) * BQ;
+    const float* tDlt = k.sDlt + (st * G + quad) * BQ;
+    const uint8_t* tBias = k.sBias + st * L::kBiasBytes;
     dev::cp_async_wait<0>();
-    if constexpr (M::kWg) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
+    if constexpr (kWg) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
-    if (gs + 1 < k.steps) m.load_step(gs + 1);
+    if (gs + 1 < k.steps) load_step(gs + 1);
     dev::cp_async_commit();
-    const typename M::Tiles ts = m.tiles(gs);
 
-    float sT[M::QT][4], dpT[M::QT][4];  // S^T, dP^T, then P^T, dS^T: 16 keys x BQ queries
-    m.scores(sT, dpT, ts);
-    m.softmax_backward(sT, dpT, ts, attend);
-    m.accumulate_dv_dk(dk, dv, sT, dpT, ts);
-    m.stage_ds(dpT, gs);
+    // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row): K, V, Q, dO K-major for
+    // S^T and dP^T (a k16 step: + 2 in the descriptor), Q, dO MN-major for dV, dK (+ 64).
+    [[maybe_unused]] const uint64_t descK = dev::wgmma_desc_rows32(dev::smem_addr(qK));
+    [[maybe_unused]] const uint64_t descV = dev::wgmma_desc_rows32(dev::smem_addr(qV));
+    [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc_rows32(dev::smem_addr(tQ));
+    [[maybe_unused]] const uint64_t descO = dev::wgmma_desc_rows32(dev::smem_addr(tdO));
+    [[maybe_unused]] float(&dk_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dk);  // wgmma's view
+    [[maybe_unused]] float(&dv_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dv);
 
-    // dQ part of this key tile to sDq[dst], once the dQ warps have added what it held kDqStages
-    // steps ago; then handed over.
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp (wgmma: the quad's 64 keys).
+    float sT[QT][4], dpT[QT][4];
+    if constexpr (kWg) {
+      float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(sT);
+      float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dpT);
+      dev::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        dev::WgmmaSS<T, BQ, 0, 0>::run(s_flat, descK + 2 * ks, descQ + 2 * ks, ks > 0);
+        dev::WgmmaSS<T, BQ, 0, 0>::run(dp_flat, descV + 2 * ks, descO + 2 * ks, ks > 0);
+      }
+      dev::wgmma_commit();
+      dev::wgmma_wait<0>();
+      dev::wgmma_fence_operands(s_flat);
+      dev::wgmma_fence_operands(dp_flat);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sT[nt][e] = dpT[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t ka[4], va[4];
+        dev::ldmatrix_x4(ka, tile_at<D>(qK, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                        ks * 2 + (lane >> 4)));
+        dev::ldmatrix_x4(va, tile_at<D>(qV, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                        ks * 2 + (lane >> 4)));
+#pragma unroll
+        for (int np = 0; np < QT / 2; ++np) {
+          uint32_t qb[4], ob[4];
+          const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
+          dev::ldmatrix_x4(qb, tile_at<D>(tQ, r, c));
+          dev::ldmatrix_x4(ob, tile_at<D>(tdO, r, c));
+          dev::mma_n16<T>(sT[2 * np], sT[2 * np + 1], ka, qb);
+          dev::mma_n16<T>(dpT[2 * np], dpT[2 * np + 1], va, ob);
+        }
+      }
+    }
+
+    // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
+    // 16-bit bias by ldmatrix.x4.trans: S^T pairs of n-tiles nt, nt + 1 (loaded at even nt).
+    // Not at D = 128, whose registers are all taken (the extra four spill).
+    constexpr bool kBiasX4 = sizeof(BiasT) == 2 && D <= 64;
+    uint32_t bp[4];
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt) {
+      if constexpr (kBiasX4) {
+        using X4 = BiasX4Trans<BiasT, BQ, BK>;
+        if (nt % 2 == 0) X4::load(bp, dev::smem_addr(tBias) + X4::offset(wq * 16, lane) + nt * 8 * X4::kColStep);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, q = nt * 8 + 2 * t + (e & 1);
+        float bias;
+        if constexpr (kBiasX4) {
+          const float2 pair = dev::pair_to_float2<BiasT>(bp[2 * (nt % 2) + r]);
+          bias = e & 1 ? pair.y : pair.x;
+        } else {
+          bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
+        }
+        const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
+        const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
+        sT[nt][e] = p;
+        dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
+    // wgmma: issued here, run while the dS^T tiles are stored, waited for after the dQ part.
+    if constexpr (kWg) {
+      uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // unchanged until the wait
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        dev::acc_to_a<T>(pa[kk], sT[2 * kk], sT[2 * kk + 1]);
+        dev::acc_to_a<T>(sa[kk], dpT[2 * kk], dpT[2 * kk + 1]);
+      }
+      dev::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        dev::WgmmaN32RS<T, 1>::run(dv_flat, pa[kk], descO + 64 * kk, 1);
+        dev::WgmmaN32RS<T, 1>::run(dk_flat, sa[kk], descQ + 64 * kk, 1);
+      }
+      dev::wgmma_commit();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t pa[4], sa[4];
+        dev::acc_to_a<T>(pa, sT[2 * kk], sT[2 * kk + 1]);
+        dev::acc_to_a<T>(sa, dpT[2 * kk], dpT[2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t ob[4], qb[4];
+          const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
+          dev::ldmatrix_x4_trans(ob, tile_at<D>(tdO, r, c));
+          dev::ldmatrix_x4_trans(qb, tile_at<D>(tQ, r, c));
+          dev::mma_n16<T>(dv[2 * dp], dv[2 * dp + 1], pa, ob);
+          dev::mma_n16<T>(dk[2 * dp], dk[2 * dp + 1], sa, qb);
+        }
+      }
+    }
+
+    // dS^T to shared memory: fp32 for the helper's dbias sum (once it has read the last step's),
+    // 16-bit for this quad's dQ = dS K.
+    if (k.part) {
+      if (gs > 0) dev::bar_sync(kBarDsFree, B::kWith);
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) =
+              make_float2(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
+      dev::bar_arrive(kBarDoneB, B::kWith);
+    }
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) =
+            Mma::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
+    dev::bar_sync(kBarQuad + quad, 128);  // the quad's dS^T tile is complete
+
+    // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[dst]
+    // once the dQ warps have added what it held kDqStages steps ago.
+    constexpr int kDqStages = BwdConfig<D>::kDqStages;
     const int dst = gs % kDqStages;
     if (gs >= kDqStages) dev::bar_sync(kBarDqFree + dst, B::kWith1);
-    m.dq_part(ts.K, k.sDq + (dst * B::G + m.quad) * B::BQ * BwdSmem<BiasT, D, C>::kDqPitch);
-    M::wait_dv_dk(dk, dv);
-    dev::bar_arrive(kBarDoneQ + dst, B::kWith1);
+    constexpr int DP = L::kDqPitch;
+    float* tDq = k.sDq + (dst * G + quad) * BQ * DP;  // [BQ][DP]
+    const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
+    if constexpr (kDqUnitsPerWarp >= 4) {
+      // D = 128: a warp's four units (wq + 4u) share their 16 query rows, so one dS fragment a k16
+      // step serves all four: fwd+bwd -8.6 / -9.7% at N = 384 / 768. With two units a warp (D = 32,
+      // 64) the unit-by-unit loop below, reloading it, measured faster (D = 32: 6.27 vs 6.52 ms;
+      // perf-notes v16).
+      constexpr int U = kDqUnitsPerWarp;
+      static_assert(BQ / 16 == 2, "four units a warp: unit % (BQ / 16) == wq % 2");
+      const int qg = wq % 2;
+      float dq[U][2][4] = {};  // [unit][n8 half][fragment]: 16 queries x 16 d a unit
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t sa[4];
+        dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                               qg * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          uint32_t kb4[4];
+          dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                 (wq + 4 * u) / 2 * 2 + (lane >> 4)));
+          dev::mma_n16<T>(dq[u][0], dq[u][1], sa, kb4);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
+                make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
+    } else if (dq_warp) {
+#pragma unroll
+      for (int u = 0; u < kDqUnitsPerWarp; ++u) {
+        const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);
+        float dq[2][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          uint32_t sa[4], kb4[4];
+          dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                 qg * 2 + ((lane >> 3) & 1)));
+          dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                 dg * 2 + (lane >> 4)));
+          dev::mma_n16<T>(dq[0], dq[1], sa, kb4);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + dg * 16 + n * 8 + 2 * t) =
+                make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
+      }
+    }
+    if constexpr (kWg) {
+      dev::wgmma_wait<0>();  // dV, dK: their operands' stage is reloaded after the next barrier
+      dev::wgmma_fence_operands(dk_flat);
+      dev::wgmma_fence_operands(dv_flat);
+    }
+    dev::bar_arrive(kBarDoneQ + dst, B::kWith1);  // sDq[dst] handed over
 
-    const int s = sg * B::G + m.quad;
-    if (qi == k.nq - 1 && s < k.S) m.write_dk_dv(dk, dv, s);
+    // A group's last step: dK = scale * dS^T Q and dV are complete for this slice.
+    const int s = sg * G + quad;
+    if (qi == k.nq - 1 && s < k.S) {
+      T* gdK = slice_ptr_mut<T>(a.dk, k.b, s, k.h);
+      T* gdV = slice_ptr_mut<T>(a.dv, k.b, s, k.h);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = k.k0 + krow[r];
+        if (key >= k.N) continue;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          const int d = dt * 8 + 2 * t;
+          *reinterpret_cast<uint32_t*>(gdK + key * a.dk.sn + d) =
+              Mma::pack(dk[dt][2 * r] * a.scale, dk[dt][2 * r + 1] * a.scale);
+          *reinterpret_cast<uint32_t*>(gdV + key * a.dv.sn + d) = Mma::pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
+        }
+      }
+    }
   }
 }
 
