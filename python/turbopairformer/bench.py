@@ -803,7 +803,8 @@ def main(argv=None):
         "--replot",
         metavar="REPORT_JSON",
         default=None,
-        help="rewrite report.md and the plots from an earlier report.json, then stop",
+        help="rewrite the Markdown and the plots from an earlier report.json or "
+        "attention_accuracy_peaked.json, then stop",
     )
     ap.add_argument(
         "--budget",
@@ -812,6 +813,13 @@ def main(argv=None):
         help="seconds; cases not started by then are recorded as skipped",
     )
     args = ap.parse_args(argv)
+    if args.replot and Path(args.replot).stem == "attention_accuracy_peaked":
+        from . import bench_accuracy
+
+        data = json.loads(Path(args.replot).read_text())
+        out = Path(args.out or Path(args.replot).parent)
+        bench_accuracy.write(data["rows"], out, data["gpu"], data["command"])
+        return
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
         write_report(

@@ -1,5 +1,6 @@
 """The benchmark report writer (no GPU needed): Markdown, JSON and, with matplotlib, plots."""
 
+import importlib.util
 import json
 
 import pytest
@@ -283,6 +284,16 @@ def test_peaked_accuracy_table_on_cpu(tmp_path):
     md = (tmp_path / "attention_accuracy_peaked.md").read_text()
     assert "| 7 | 16 | logit std 8 | turbopairformer, no compensation |" in md
     assert "dominant" in md and "pytorch_sdpa" in md
+    if importlib.util.find_spec("matplotlib"):  # the plot is optional; with matplotlib it is made
+        assert (tmp_path / "attention_accuracy_peaked.png").stat().st_size > 10_000
+    # --replot rebuilds the table and the plot from the JSON alone
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "attention_accuracy_peaked.json").write_text(
+        (tmp_path / "attention_accuracy_peaked.json").read_text()
+    )
+    bench.main(["--replot", str(again / "attention_accuracy_peaked.json")])
+    assert (again / "attention_accuracy_peaked.md").read_text() == md
 
 
 def test_an_unknown_report_backend_is_named_before_anything_runs():
