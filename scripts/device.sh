@@ -12,6 +12,10 @@
 #                                             rounds in $OUT/ab_rounds_<n>.txt, n counting calls
 #   scripts/device.sh profile TPF [ARGS...]   per-kernel times of one `tpf bench ARGS` (Nsight Compute)
 #   scripts/device.sh install [WHEEL]         wheel-test's environment and install, without the tests
+#   scripts/device.sh peers-ops DIR           cuequivariance-ops-cu13 from DIR into /tmp/peers-ops
+#                                             (scripts/peer_wheels.sh downloads it elsewhere)
+#   scripts/device.sh peers DIR [WHEEL]       install, then the other peer wheels from DIR into
+#                                             that environment, /tmp/peers-ops linked in
 #   scripts/device.sh wheel-test [WHEEL]      a fresh virtual environment, `pip install` of a wheel
 #                                             built elsewhere (default dist/*.whl), `tpf info`, and
 #                                             the whole pytest suite against it
@@ -119,6 +123,21 @@ PY
     [ "$cmd" = install ] && exit 0
     (cd /tmp && "$venv/bin/python" -c "import turbopairformer as t; print('imported', t.__version__, 'from', t.LIBRARY_PATH)")
     "$venv/bin/python" -m pytest tests/python -q -rs -p no:cacheprovider
+    ;;
+  peers-ops)
+    rm -rf /tmp/peers-ops
+    python3 -m pip install -q --no-index --no-deps --target /tmp/peers-ops "${1:?wheel folder}"/*.whl || exit 1
+    ls /tmp/peers-ops
+    ;;
+  peers)
+    from=${1:?wheel folder}; shift
+    [ -d /tmp/peers-ops ] || { echo "scripts/device.sh: run peers-ops first, in the call before" >&2; exit 2; }
+    export TPF_VENV=${TPF_VENV:-/tmp/tv}
+    bash "$0" install "$@" || exit 1
+    site=$("$TPF_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    echo /tmp/peers-ops > "$site/peers-ops.pth"
+    "$TPF_VENV/bin/python" -m pip install -q --no-index --no-deps "$from"/*.whl || exit 1
+    "$TPF_VENV/bin/python" -c "import cuequivariance_torch, trifast; print('peers: cuequivariance', cuequivariance_torch.__version__, '+ trifast')"
     ;;
   head-dims)
     "$PY" -m turbopairformer.bench --head-dims 8,16,24,32,48,64,96,128 --n 384,768 --out "${1:-bench/results/h200}"
