@@ -1,5 +1,6 @@
-"""The results files every bench table writes: <stem>.json (gpu, command, rows) and <stem>.md
-(a title with the GPU, the command that made it, then the table's own lines)."""
+"""The results files every bench table writes: <stem>.json (gpu, command, rows, and any extra
+fields of the table) and <stem>.md (a title with the GPU, the command that made it, then the
+table's own lines)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import json
 from pathlib import Path
 
 
-def write_tables(out_dir: Path, stem: str, gpu: str, command: str, rows, title: str, lines):
+def write_tables(
+    out_dir: Path, stem: str, gpu: str, command: str, rows, title: str, lines, extra=None
+):
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.json").write_text(
-        json.dumps({"gpu": gpu, "command": command, "rows": rows}, indent=1)
+        json.dumps({"gpu": gpu, "command": command, "rows": rows, **(extra or {})}, indent=1)
     )
     head = [f"# {title} ({gpu})", "", f"`{command}`", ""]
     (out_dir / f"{stem}.md").write_text("\n".join(head + list(lines)) + "\n")

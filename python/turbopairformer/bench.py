@@ -803,8 +803,8 @@ def main(argv=None):
         "--replot",
         metavar="REPORT_JSON",
         default=None,
-        help="rewrite the Markdown and the plots from an earlier report.json or "
-        "attention_accuracy_peaked.json, then stop",
+        help="rewrite the Markdown and the plots from an earlier report.json, "
+        "attention_accuracy_peaked.json or pairformer_breakdown.json, then stop",
     )
     ap.add_argument(
         "--budget",
@@ -813,12 +813,19 @@ def main(argv=None):
         help="seconds; cases not started by then are recorded as skipped",
     )
     args = ap.parse_args(argv)
-    if args.replot and Path(args.replot).stem == "attention_accuracy_peaked":
-        from . import bench_accuracy
+    if args.replot and Path(args.replot).stem in (
+        "attention_accuracy_peaked",
+        "pairformer_breakdown",
+    ):
+        from . import bench_accuracy, bench_pairformer
 
         data = json.loads(Path(args.replot).read_text())
         out = Path(args.out or Path(args.replot).parent)
-        bench_accuracy.write(data["rows"], out, data["gpu"], data["command"])
+        if Path(args.replot).stem == "attention_accuracy_peaked":
+            bench_accuracy.write(data["rows"], out, data["gpu"], data["command"])
+        else:
+            tops = data.get("top_kernels", [])
+            bench_pairformer.write_breakdown(data["rows"], tops, out, data["gpu"], data["command"])
         return
     if args.replot:
         data = json.loads(Path(args.replot).read_text())

@@ -445,10 +445,37 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
             f"| {r['backend']} | {r['N']} | {r['part']} | {r['ms']:.2f} | "
             f"{r['tpf_kernels_ms']:.2f} | {r['other_kernels_ms']:.2f} |"
         )
-    for name, N, top in tops:
-        lines += ["", f"Top kernels of the {name} pair block at N = {N} (ms per step):", ""]
+    write_breakdown(
+        rows, [{"backend": b, "N": N, "kernels": top} for b, N, top in tops], out_dir, gpu, command
+    )
+
+
+def write_breakdown(rows, tops, out_dir: Path, gpu: str, command: str):
+    """pairformer_breakdown.{md,json,png} from the module rows and, per backend and N, the top
+    kernels of the pair stack ([name, ms per step, calls per step])."""
+    lines = [
+        "Each module of one pair block alone, eager, bf16 autocast with fp32 weights, training "
+        "mode, B = 1, 5% padded tokens. ms: median CUDA-event time of a step; the kernel columns "
+        "split the profiler's CUDA time into our kernels (tpf::) and every other kernel.",
+        "",
+        "![where the pair stack's time goes](pairformer_breakdown.png)",
+        "",
+        "| backend | N | module | fwd+bwd ms | our kernels ms | other kernels ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['backend']} | {r['N']} | {r['part']} | {r['ms']:.2f} | "
+            f"{r['tpf_kernels_ms']:.2f} | {r['other_kernels_ms']:.2f} |"
+        )
+    for t in tops:
+        lines += [
+            "",
+            f"Top kernels of the {t['backend']} pair block at N = {t['N']} (ms per step):",
+            "",
+        ]
         lines += ["| kernel | ms | calls |", "|---|---|---|"]
-        lines += [f"| `{k[:160]}` | {ms:.3f} | {n:g} |" for k, ms, n in top]
+        lines += [f"| `{k[:160]}` | {ms:.3f} | {n:g} |" for k, ms, n in t["kernels"]]
     write_tables(
         out_dir,
         "pairformer_breakdown",
@@ -457,4 +484,70 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
         rows,
         "Pair-track modules, forward + backward",
         lines,
+        extra={"top_kernels": tops},
     )
+    try:
+        plot_breakdown(rows, tops, out_dir)
+    except Exception as e:  # noqa: BLE001 - the plot is optional (matplotlib)
+        print(f"plot skipped: {e}", file=sys.stderr)
+
+
+# Kernel groups of the breakdown plot: (label, pattern on the kernel name), first match wins.
+KERNEL_GROUPS = (
+    ("attention backward", r"tpf::attn::.*(backward|delta|dq_finalize|dbias)"),
+    ("attention forward", r"tpf::attn::"),
+    ("multiplicative update", r"tpf::trimul::"),
+    ("LayerNorm", r"tpf::norm::"),
+    ("SwiGLU, sigmoid gate", r"tpf::act::"),
+    ("residual adds", r"tpf::residual::"),
+    ("cuBLAS GEMMs", r"nvjet|cutlass|gemm|sm90_xmma"),
+    ("PyTorch elementwise", r"at::native"),
+)
+
+
+def plot_breakdown(rows, tops, out_dir: Path):
+    """pairformer_breakdown.png: the pair stack's CUDA time by kernel group (the top kernels;
+    the rest as one bar), and each module's time split into our kernels and the others."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for t in tops[:1]:  # the first backend's stack (ours when both ran)
+        stack = next(r for r in rows if r["backend"] == t["backend"] and r["part"] == "pair_stack")
+        groups = {label: 0.0 for label, _ in KERNEL_GROUPS}
+        for name, ms, _ in t["kernels"]:
+            label = next((lb for lb, pat in KERNEL_GROUPS if re.search(pat, name)), "other")
+            groups[label] = groups.get(label, 0.0) + ms
+        listed = sum(ms for _, ms, _ in t["kernels"])
+        groups["kernels outside the top list"] = (
+            stack["tpf_kernels_ms"] + stack["other_kernels_ms"] - listed
+        )
+        groups["gaps (no kernel running)"] = max(
+            0.0, stack["ms"] - stack["tpf_kernels_ms"] - stack["other_kernels_ms"]
+        )
+        fig, (a, b) = plt.subplots(1, 2, figsize=(14, 5))
+        items = [(k, v) for k, v in groups.items() if v > 0]
+        a.barh([k for k, _ in items][::-1], [v for _, v in items][::-1], color="C0")
+        for y, (_, v) in enumerate(items[::-1]):
+            a.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+        a.set_xlabel("ms per step")
+        a.set_title(
+            f"{t['backend']} pair stack, N = {t['N']}: {stack['ms']:.2f} ms by kernel group"
+        )
+        mods = [r for r in rows if r["backend"] == t["backend"] and r["part"] != "pair_stack"]
+        names = [r["part"] for r in mods][::-1]
+        ours = [r["tpf_kernels_ms"] for r in mods][::-1]
+        other = [r["other_kernels_ms"] for r in mods][::-1]
+        rest = [max(0.0, r["ms"] - r["tpf_kernels_ms"] - r["other_kernels_ms"]) for r in mods][::-1]
+        b.barh(names, ours, color="C0", label="our kernels")
+        b.barh(names, other, left=ours, color="C1", label="other kernels")
+        b.barh(names, rest, left=[x + y for x, y in zip(ours, other)], color="C7", label="gaps")
+        b.set_xlabel("ms, forward + backward of the module alone")
+        b.set_title("each module alone")
+        b.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "pairformer_breakdown.png", dpi=110)
+        plt.close(fig)

@@ -308,3 +308,40 @@ def test_large_input_sets_are_not_rotated():
     # multiplicative update's x and dout: 8.6 GB a set, one copy.
     assert bench.input_set_count(2 * (4 * 768 * 4 * 768 * 32 + 4 * 768 * 768)) == 3
     assert bench.input_set_count(2 * 2 * 4096 * 4096 * 128) == 1
+
+
+def test_breakdown_files_and_replot(tmp_path):
+    from turbopairformer import bench_pairformer as bp
+
+    parts = ("tri_mul_out", "tri_att_start", "pair_transition", "pair_stack")
+    rows = [
+        {
+            "backend": "turbopairformer",
+            "N": 768,
+            "part": p,
+            "ms": 5.0 + i,
+            "tpf_kernels_ms": 3.0,
+            "other_kernels_ms": 1.5,
+        }
+        for i, p in enumerate(parts)
+    ]
+    kernels = [
+        ["void tpf::attn::(anonymous namespace)::backward_kernel<bf16>", 2.0, 2],
+        ["void tpf::trimul::gemm_wgmma_kernel<bf16>", 0.7, 7],
+        ["nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNN", 0.5, 3],
+        ["void at::native::elementwise_kernel<128, 2, MulFunctor<float>>", 0.2, 2],
+    ]
+    tops = [{"backend": "turbopairformer", "N": 768, "kernels": kernels}]
+    bp.write_breakdown(rows, tops, tmp_path, "Fake GPU", "python -m turbopairformer.bench --x")
+    md = (tmp_path / "pairformer_breakdown.md").read_text()
+    assert "| turbopairformer | 768 | pair_stack | 8.00 | 3.00 | 1.50 |" in md
+    assert "| `nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNN` | 0.500 | 3 |" in md
+    data = json.loads((tmp_path / "pairformer_breakdown.json").read_text())
+    assert data["top_kernels"] == tops
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "pairformer_breakdown.png").stat().st_size > 10_000
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "pairformer_breakdown.json").write_text(json.dumps(data))
+    bench.main(["--replot", str(again / "pairformer_breakdown.json")])
+    assert (again / "pairformer_breakdown.md").read_text() == md
