@@ -287,8 +287,9 @@ def write(rows, out_dir: Path, gpu: str, command: str):
 
 
 def plot(rows, out_dir: Path):
-    """pairformer.png: block time, 4-block step time and block memory against N, one line per
-    backend and mode, and our speedup over each."""
+    """pairformer.png: block time, 4-block step time, block memory and our speedup over each
+    other backend, per backend and mode: against N (lines) when the run has three or more N,
+    else grouped bars at each N (a line through two sizes would suggest what was not measured)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -299,43 +300,69 @@ def plot(rows, out_dir: Path):
         return
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
     axes = axes.ravel()
-    lines = sorted({(r["backend"], r["mode"]) for r in ok})
-    backends = list(dict.fromkeys(b for b, _ in lines))
-    ours = {(r["mode"], r["N"]): r for r in ok if r["backend"] == "turbopairformer"}
-    for backend, mode in lines:
-        pts = sorted((r["N"], r) for r in ok if r["backend"] == backend and r["mode"] == mode)
-        Ns = [n for n, _ in pts]
-        style = {
-            "color": f"C{backends.index(backend)}",
-            "marker": "o" if backend == "turbopairformer" else "s",
-            "linestyle": "-" if mode == "eager" else "--",
-            "lw": 2.2 if backend == "turbopairformer" else 1.2,
-            "label": f"{backend} {mode}",
-        }
-        axes[0].plot(Ns, [r["block_fwd_bwd_ms"] for _, r in pts], **style)
-        axes[1].plot(Ns, [r["stack4_step_ms"] for _, r in pts], **style)
-        axes[2].plot(Ns, [r["block_peak_gib"] for _, r in pts], **style)
-        sp = [
-            (n, r["block_fwd_bwd_ms"] / ours[(mode, n)]["block_fwd_bwd_ms"])
-            for n, r in pts
-            if (mode, n) in ours
-        ]
-        if sp and backend != "turbopairformer":
-            axes[3].plot([n for n, _ in sp], [x for _, x in sp], **style)
-    axes[3].axhline(1.0, color="k", lw=0.8)
-    titles = (
-        "one block, forward + backward (ms)",
-        "4-block stack, AdamW step (ms)",
-        "one block, peak memory (GiB)",
-        "our speedup, one block, same mode\n(their time / ours; above 1: we are faster)",
+    series = sorted(
+        {(r["backend"], r["mode"]) for r in ok}, key=lambda s: (s[0] != "turbopairformer", s)
     )
-    for ax, title in zip(axes, titles):
-        ax.set_xlabel("N")
+    backends = list(dict.fromkeys(b for b, _ in series))
+    ours = {(r["mode"], r["N"]): r for r in ok if r["backend"] == "turbopairformer"}
+    Ns = sorted({r["N"] for r in ok})
+    metrics = [
+        ("one block, forward + backward (ms)", lambda r: r["block_fwd_bwd_ms"]),
+        ("4-block stack, AdamW step (ms)", lambda r: r["stack4_step_ms"]),
+        ("one block, peak memory (GiB)", lambda r: r["block_peak_gib"]),
+        (
+            "our speedup, one block, same mode\n(their time / ours; above 1: we are faster)",
+            lambda r: (
+                r["block_fwd_bwd_ms"] / ours[(r["mode"], r["N"])]["block_fwd_bwd_ms"]
+                if (r["mode"], r["N"]) in ours
+                else float("nan")
+            ),
+        ),
+    ]
+    lines = len(Ns) >= 3
+    width = 0.8 / len(series)
+    for ax, (title, value) in zip(axes, metrics):
+        for i, (backend, mode) in enumerate(series):
+            if title.startswith("our speedup") and backend == "turbopairformer":
+                continue
+            pts = {r["N"]: value(r) for r in ok if r["backend"] == backend and r["mode"] == mode}
+            color = f"C{backends.index(backend)}"
+            label = f"{backend} {mode}"
+            if lines:
+                xs = sorted(pts)
+                ax.plot(
+                    xs,
+                    [pts[n] for n in xs],
+                    color=color,
+                    label=label,
+                    marker="o" if backend == "turbopairformer" else "s",
+                    linestyle="-" if mode == "eager" else "--",
+                    lw=2.2 if backend == "turbopairformer" else 1.2,
+                )
+            else:
+                xs = [Ns.index(n) + (i - (len(series) - 1) / 2) * width for n in pts]
+                ax.bar(
+                    xs,
+                    list(pts.values()),
+                    width,
+                    color=color,
+                    label=label,
+                    hatch="//" if mode == "compile" else None,
+                    edgecolor="white",
+                )
+        if title.startswith("our speedup"):
+            ax.axhline(1.0, color="k", lw=0.8)
         ax.set_title(title, fontsize=9)
-        ax.grid(True, alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.suptitle("Pairformer training step")
+        ax.grid(True, alpha=0.3, axis="y" if not lines else "both")
+        if lines:
+            ax.set_xlabel("N")
+        else:
+            ax.set_xticks(range(len(Ns)), [f"N = {n}" for n in Ns])
+            ax.set_xlim(-0.5, len(Ns) - 0.5)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        "Pairformer training step (compile: hatched)" if not lines else "Pairformer training step"
+    )
     fig.tight_layout()
     fig.savefig(out_dir / "pairformer.png", dpi=100)
     plt.close(fig)
