@@ -459,19 +459,6 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
                 print(f"{name} N={N} {part}: {ms:.2f} ms", file=sys.stderr, flush=True)
             del blk
             torch.cuda.empty_cache()
-    lines = [
-        "Each module of one pair block alone, eager, bf16 autocast with fp32 weights, training "
-        "mode, B = 1, 5% padded tokens. ms: median CUDA-event time of a step; the kernel columns "
-        "split the profiler's CUDA time into our kernels (tpf::) and every other kernel.",
-        "",
-        "| backend | N | module | fwd+bwd ms | our kernels ms | other kernels ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['backend']} | {r['N']} | {r['part']} | {r['ms']:.2f} | "
-            f"{r['tpf_kernels_ms']:.2f} | {r['other_kernels_ms']:.2f} |"
-        )
     write_breakdown(
         rows, [{"backend": b, "N": N, "kernels": top} for b, N, top in tops], out_dir, gpu, command
     )
