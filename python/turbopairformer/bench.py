@@ -4,12 +4,12 @@
 
 Times forward and forward+backward (median of CUDA-event-timed calls after warm-up, inputs
 rotated among three sets so that L2 does not serve them; one set where a set is over 1 GiB),
-peak memory, relative RMSE against FP64 at one size and bitwise determinism of the gradients over 5 calls, for triangle attention
-(B=1, H=4, S=N, bf16, 20% of keys masked) and the multiplicative update (C=128). Each
-alternative runs in its own native layout, converted once outside the timed region; one that
-fails or runs out of memory gets that written in its row and the run goes on. Cases run size by
-size (every backend of both ops at one N before the next N), so --budget SECONDS cuts the largest
-sizes rather than whole backends. Writes report.json, report.md and PNG plots into DIR (default
+peak memory, relative RMSE against FP64 at one size and bitwise determinism of the gradients
+over 5 calls, for triangle attention (B=1, H=4, S=N, bf16, 20% of keys masked) and the
+multiplicative update (C=128). Each alternative runs in its own native layout, converted once
+outside the timed region; one that fails or runs out of memory gets that written in its row and
+the run goes on. Cases run size by size (every backend of both ops at one N before the next N),
+so --budget SECONDS cuts the largest sizes rather than whole backends. Writes report.json, report.md and PNG plots into DIR (default
 bench/results/<gpu>/).
 """
 
