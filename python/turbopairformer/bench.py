@@ -229,6 +229,14 @@ def input_set_count(set_bytes: int) -> int:
     return 3 if set_bytes <= ROTATED_SET_MAX_BYTES else 1
 
 
+def accuracy_size(requested, Ns):
+    """The N at which an op's cases also check accuracy and determinism: the one asked for, else
+    256 where the op runs it, else the op's smallest N (so every report has the columns)."""
+    if requested is not None:
+        return requested
+    return 256 if 256 in Ns else min(Ns, default=None)
+
+
 def timed_iters(first_ms, target_ms=1500.0, lo=5, hi=15):
     """How many timed calls: up to `hi`, but no more than fit in `target_ms` (at least `lo`), so
     that a 400 ms case at N = 2048 does not cost as much wall time as the rest of its size."""
@@ -754,7 +762,13 @@ def main(argv=None):
     ap.add_argument(
         "--trimul-n", default=None, help="N list for the multiplicative update (default: --n)"
     )
-    ap.add_argument("--accuracy-n", type=int, default=256)
+    ap.add_argument(
+        "--accuracy-n",
+        type=int,
+        default=None,
+        help="N of the FP64 accuracy and determinism check (default: 256 where the run has it, "
+        "else each op's smallest N)",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default="attention,trimul")
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
@@ -949,9 +963,9 @@ def main(argv=None):
         for label, op, name, b, N, D in cases:
             progress(label)
             if op == "attention":
-                attention_case(name, b, N, D, args.accuracy_n, rows, save)
+                attention_case(name, b, N, D, accuracy_size(args.accuracy_n, Ns), rows, save)
             else:
-                trimul_case(name, b, N, args.accuracy_n, rows, save)
+                trimul_case(name, b, N, accuracy_size(args.accuracy_n, tri_Ns), rows, save)
     except _OutOfTime:
         rows.append(
             {

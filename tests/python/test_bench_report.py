@@ -345,3 +345,10 @@ def test_breakdown_files_and_replot(tmp_path):
     (again / "pairformer_breakdown.json").write_text(json.dumps(data))
     bench.main(["--replot", str(again / "pairformer_breakdown.json")])
     assert (again / "pairformer_breakdown.md").read_text() == md
+
+
+def test_every_report_checks_accuracy_at_some_size():
+    assert bench.accuracy_size(None, [128, 256, 384]) == 256
+    assert bench.accuracy_size(None, [384, 640, 768]) == 384  # 256 not run: the smallest N
+    assert bench.accuracy_size(512, [384, 640]) == 512  # as asked, even if no case has it
+    assert bench.accuracy_size(None, []) is None
