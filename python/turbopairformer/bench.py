@@ -149,8 +149,12 @@ TRIMUL_WEIGHTS = (
 )
 
 
-def _eager_trimul(x, mask, w, eps=1e-5):
-    """AF3 Algorithm 12 (outgoing) in plain PyTorch, cuEquivariance's weight packing."""
+INCOMING = " (incoming)"  # the report's backend-name suffix of the incoming direction
+
+
+def _eager_trimul(x, mask, w, eps=1e-5, direction="outgoing"):
+    """AF3 Algorithms 12 (outgoing) and 13 (incoming) in plain PyTorch, cuEquivariance's weight
+    packing."""
     C, Ch = x.shape[-1], w["p_in_weight"].shape[0] // 2
     xn = torch.nn.functional.layer_norm(x, (C,), w["norm_in_weight"], w["norm_in_bias"], eps)
     ab = (
@@ -159,34 +163,49 @@ def _eager_trimul(x, mask, w, eps=1e-5):
         * mask[..., None]
     )
     a, b = ab[..., :Ch], ab[..., Ch:]
-    y = torch.einsum("bikc,bjkc->bijc", a, b)
+    pattern = "bikc,bjkc->bijc" if direction == "outgoing" else "bkic,bkjc->bijc"
+    y = torch.einsum(pattern, a, b)
     y = torch.nn.functional.layer_norm(y, (Ch,), w["norm_out_weight"], w["norm_out_bias"], eps)
     return torch.sigmoid(
         torch.nn.functional.linear(xn, w["g_out_weight"], w["g_out_bias"])
     ) * torch.nn.functional.linear(y, w["p_out_weight"], w["p_out_bias"])
 
 
-def trimul_backends():
-    """name -> fn(x, mask, weights dict) -> out, or a reason it is unavailable. Every backend
-    takes cuEquivariance's argument names and packing, so one set of weights serves all."""
+def trimul_backends(directions=("outgoing",)):
+    """name -> fn(x, mask, weights dict) -> out (with fn.direction), or a reason it is
+    unavailable. Every backend takes cuEquivariance's argument names and packing, so one set of
+    weights serves all. Incoming backends carry INCOMING in their name."""
     import turbopairformer as tpf
 
-    b = {
-        "turbopairformer": lambda x, mask, w: tpf.triangle_multiplicative_update(
-            x, "outgoing", mask, **w
-        ),
-        "pytorch_eager": _eager_trimul,
-        "torch_compile": torch.compile(_eager_trimul),
-    }
     try:
         import cuequivariance_torch as cueq
-
-        b["cuequivariance"] = lambda x, mask, w: cueq.triangle_multiplicative_update(
-            x, "outgoing", mask, **w
-        )
     except Exception:
-        b["cuequivariance"] = (
-            "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+        cueq = None
+    compiled = torch.compile(_eager_trimul)
+
+    def directed(fn, d):
+        def call(x, mask, w):
+            return fn(x, d, mask, w)
+
+        call.direction = d
+        return call
+
+    b = {}
+    for d in directions:
+        suffix = "" if d == "outgoing" else INCOMING
+        b["turbopairformer" + suffix] = directed(
+            lambda x, d, mask, w: tpf.triangle_multiplicative_update(x, d, mask, **w), d
+        )
+        b["pytorch_eager" + suffix] = directed(
+            lambda x, d, mask, w: _eager_trimul(x, mask, w, direction=d), d
+        )
+        b["torch_compile" + suffix] = directed(
+            lambda x, d, mask, w: compiled(x, mask, w, direction=d), d
+        )
+        b["cuequivariance" + suffix] = (
+            directed(lambda x, d, mask, w: cueq.triangle_multiplicative_update(x, d, mask, **w), d)
+            if cueq is not None
+            else "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
         )
     return b
 
@@ -406,18 +425,18 @@ def schedule(att, tri, Ns, Ds, tri_Ns, ops):
     return cases
 
 
-def trimul_fp64(x, mask, w, dout):
+def trimul_fp64(x, mask, w, dout, direction="outgoing"):
     """[out, dz, d(each weight in TRIMUL_WEIGHTS order)] from FP64 autograd on x's device."""
     x64 = x.double().requires_grad_(True)
     w64 = {k: v.double().requires_grad_(True) for k, v in w.items()}
-    ref = _eager_trimul(x64, mask.double(), w64)
+    ref = _eager_trimul(x64, mask.double(), w64, direction=direction)
     grads = torch.autograd.grad(ref, [x64] + [w64[k] for k in TRIMUL_WEIGHTS], dout.double())
     return [ref.detach()] + list(grads)
 
 
 def trimul_accuracy(fn, N, C):
     x, mask, w, dout = trimul_inputs(N, C, 99)
-    ref, *ref_grads = trimul_fp64(x, mask, w, dout)
+    ref, *ref_grads = trimul_fp64(x, mask, w, dout, getattr(fn, "direction", "outgoing"))
     runs = []
     for _ in range(5):
         xl = x.detach().requires_grad_(True)
@@ -771,6 +790,12 @@ def main(argv=None):
     )
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default="attention,trimul")
+    ap.add_argument(
+        "--trimul-directions",
+        default="outgoing",
+        help="multiplicative-update directions: outgoing, incoming or both (outgoing,incoming); "
+        "incoming rows carry ' (incoming)' in the backend name",
+    )
     ap.add_argument("--quick", action="store_true", help="N up to 768 only")
     ap.add_argument(
         "--trimul-accuracy",
@@ -854,6 +879,11 @@ def main(argv=None):
     report_run = not (
         args.trimul_accuracy or args.attention_accuracy or args.pairformer or args.head_dims
     )
+    directions = args.trimul_directions.split(",")
+    if report_run and not set(directions) <= {"outgoing", "incoming"}:
+        sys.exit(
+            f"turbopairformer.bench: --trimul-directions takes outgoing, incoming: {directions}"
+        )
     if report_run and args.backends:  # before the GPU check: a typo fails on any machine
         known = {*attention_backends(), *trimul_backends()}
         unknown = sorted(set(args.backends.split(",")) - known)
@@ -909,11 +939,11 @@ def main(argv=None):
     Ds = [int(x) for x in args.d.split(",")]
     tri_Ns = [int(x) for x in args.trimul_n.split(",")] if args.trimul_n else Ns
     out = _out_dir(args.out, gpu)
-    att, tri = attention_backends(), trimul_backends()
+    att, tri = attention_backends(), trimul_backends(directions)
     if args.backends:
         wanted = args.backends.split(",")
         att = {k: v for k, v in att.items() if k in wanted}
-        tri = {k: v for k, v in tri.items() if k in wanted}
+        tri = {k: v for k, v in tri.items() if k.removesuffix(INCOMING) in wanted}
     for name, b in list(att.items()) + list(tri.items()):
         if isinstance(b, str):
             print(f"skipping {name}: {b}", file=sys.stderr)

@@ -352,3 +352,27 @@ def test_every_report_checks_accuracy_at_some_size():
     assert bench.accuracy_size(None, [384, 640, 768]) == 384  # 256 not run: the smallest N
     assert bench.accuracy_size(512, [384, 640]) == 512  # as asked, even if no case has it
     assert bench.accuracy_size(None, []) is None
+
+
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_trimul_report_runs_both_directions_against_their_reference(direction):
+    """The report's plain-PyTorch multiplicative update is AF3's algorithm 12 / 13 for the
+    direction asked (the FP64 reference of the accuracy columns), and our op on the CPU (the
+    library's FP64 reference) agrees with it; incoming backends carry the name suffix."""
+    import torch
+
+    import turbopairformer as tpf
+
+    x, mask, w, _ = bench.trimul_inputs(7, 16, 3, device="cpu")
+    x, mask, w = x.double(), mask.double(), {k: v.double() for k, v in w.items()}
+    ref = bench._eager_trimul(x, mask, w, direction=direction)
+    ours = tpf.triangle_multiplicative_update(x, direction, mask, **w)
+    assert torch.allclose(ours.double(), ref, rtol=1e-6, atol=1e-8)
+    other = bench._eager_trimul(
+        x, mask, w, direction="incoming" if direction == "outgoing" else "outgoing"
+    )
+    assert not torch.allclose(other, ref, rtol=1e-3)
+    backends = bench.trimul_backends(("outgoing", "incoming"))
+    suffix = "" if direction == "outgoing" else bench.INCOMING
+    assert backends["turbopairformer" + suffix].direction == direction
+    assert torch.allclose(backends["pytorch_eager" + suffix](x, mask, w), ref)
