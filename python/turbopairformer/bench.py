@@ -149,7 +149,8 @@ TRIMUL_WEIGHTS = (
 )
 
 
-INCOMING = " (incoming)"  # the report's backend-name suffix of the incoming direction
+INCOMING = " (incoming)"  # the report's backend-name suffixes: the incoming direction,
+FP32_WEIGHTS = " (fp32 weights)"  # and weights held in fp32 (what mixed-precision training holds)
 
 
 def _eager_trimul(x, mask, w, eps=1e-5, direction="outgoing"):
@@ -171,10 +172,11 @@ def _eager_trimul(x, mask, w, eps=1e-5, direction="outgoing"):
     ) * torch.nn.functional.linear(y, w["p_out_weight"], w["p_out_bias"])
 
 
-def trimul_backends(directions=("outgoing",)):
-    """name -> fn(x, mask, weights dict) -> out (with fn.direction), or a reason it is
-    unavailable. Every backend takes cuEquivariance's argument names and packing, so one set of
-    weights serves all. Incoming backends carry INCOMING in their name."""
+def trimul_backends(directions=("outgoing",), weight_dtypes=(torch.bfloat16,)):
+    """name -> fn(x, mask, weights dict) -> out (with fn.direction and fn.weight_dtype), or a
+    reason it is unavailable. Every backend takes cuEquivariance's argument names and packing, so
+    one set of weights serves all. Incoming backends carry INCOMING in their name, fp32-weight
+    ones FP32_WEIGHTS."""
     import turbopairformer as tpf
 
     try:
@@ -183,34 +185,41 @@ def trimul_backends(directions=("outgoing",)):
         cueq = None
     compiled = torch.compile(_eager_trimul)
 
-    def directed(fn, d):
+    def directed(fn, d, wd):
         def call(x, mask, w):
             return fn(x, d, mask, w)
 
-        call.direction = d
+        call.direction, call.weight_dtype = d, wd
         return call
 
     b = {}
-    for d in directions:
-        suffix = "" if d == "outgoing" else INCOMING
-        b["turbopairformer" + suffix] = directed(
-            lambda x, d, mask, w: tpf.triangle_multiplicative_update(x, d, mask, **w), d
-        )
-        b["pytorch_eager" + suffix] = directed(
-            lambda x, d, mask, w: _eager_trimul(x, mask, w, direction=d), d
-        )
-        b["torch_compile" + suffix] = directed(
-            lambda x, d, mask, w: compiled(x, mask, w, direction=d), d
-        )
-        b["cuequivariance" + suffix] = (
-            directed(lambda x, d, mask, w: cueq.triangle_multiplicative_update(x, d, mask, **w), d)
-            if cueq is not None
-            else "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
-        )
+    for wd in weight_dtypes:
+        for d in directions:
+            suffix = ("" if d == "outgoing" else INCOMING) + (
+                FP32_WEIGHTS if wd == torch.float32 else ""
+            )
+            b["turbopairformer" + suffix] = directed(
+                lambda x, d, mask, w: tpf.triangle_multiplicative_update(x, d, mask, **w), d, wd
+            )
+            b["pytorch_eager" + suffix] = directed(
+                lambda x, d, mask, w: _eager_trimul(x, mask, w, direction=d), d, wd
+            )
+            b["torch_compile" + suffix] = directed(
+                lambda x, d, mask, w: compiled(x, mask, w, direction=d), d, wd
+            )
+            b["cuequivariance" + suffix] = (
+                directed(
+                    lambda x, d, mask, w: cueq.triangle_multiplicative_update(x, d, mask, **w),
+                    d,
+                    wd,
+                )
+                if cueq is not None
+                else "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
+            )
     return b
 
 
-def trimul_inputs(N, C, seed, device="cuda"):
+def trimul_inputs(N, C, seed, device="cuda", weight_dtype=torch.bfloat16):
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(1, N, N, C, device=device, generator=g).bfloat16()
     mask = (torch.rand(1, N, N, device=device, generator=g) < 0.9).bfloat16()
@@ -232,7 +241,7 @@ def trimul_inputs(N, C, seed, device="cuda"):
             t = 1 + 0.1 * t
         else:
             t = 0.1 * t
-        w[name] = t.bfloat16()
+        w[name] = t.bfloat16().to(weight_dtype)  # bf16 values in either dtype: same weights
     return x, mask, w, dout
 
 
@@ -397,7 +406,7 @@ def trimul_case(name, fn, N, accuracy_n, rows, save, C=128):
     def body(row):
         sets = []  # input sets: (x, mask, weights, autograd leaves)
         for seed in range(input_set_count(2 * 2 * N * N * C)):  # x and dout, bf16
-            x, mask, w, _ = trimul_inputs(N, C, seed)
+            x, mask, w, _ = trimul_inputs(N, C, seed, weight_dtype=fn.weight_dtype)
             leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
             sets.append((x, mask, w, leaves))
         row["fwd_ms"], row["fwd_bwd_ms"], row["peak_mib"] = measure(
@@ -435,8 +444,8 @@ def trimul_fp64(x, mask, w, dout, direction="outgoing"):
 
 
 def trimul_accuracy(fn, N, C):
-    x, mask, w, dout = trimul_inputs(N, C, 99)
-    ref, *ref_grads = trimul_fp64(x, mask, w, dout, getattr(fn, "direction", "outgoing"))
+    x, mask, w, dout = trimul_inputs(N, C, 99, weight_dtype=fn.weight_dtype)
+    ref, *ref_grads = trimul_fp64(x, mask, w, dout, fn.direction)
     runs = []
     for _ in range(5):
         xl = x.detach().requires_grad_(True)
@@ -791,6 +800,12 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default="attention,trimul")
     ap.add_argument(
+        "--trimul-weights",
+        default="bf16",
+        help="multiplicative-update weight dtypes: bf16 (cuEquivariance's best form), fp32 or "
+        "both (bf16,fp32); fp32 rows carry ' (fp32 weights)' in the backend name",
+    )
+    ap.add_argument(
         "--trimul-directions",
         default="outgoing",
         help="multiplicative-update directions: outgoing, incoming or both (outgoing,incoming); "
@@ -884,6 +899,10 @@ def main(argv=None):
         sys.exit(
             f"turbopairformer.bench: --trimul-directions takes outgoing, incoming: {directions}"
         )
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if report_run and not set(args.trimul_weights.split(",")) <= set(dtypes):
+        sys.exit(f"turbopairformer.bench: --trimul-weights takes bf16, fp32: {args.trimul_weights}")
+    weight_dtypes = [dtypes[k] for k in args.trimul_weights.split(",") if k in dtypes]
     if report_run and args.backends:  # before the GPU check: a typo fails on any machine
         known = {*attention_backends(), *trimul_backends()}
         unknown = sorted(set(args.backends.split(",")) - known)
@@ -939,11 +958,11 @@ def main(argv=None):
     Ds = [int(x) for x in args.d.split(",")]
     tri_Ns = [int(x) for x in args.trimul_n.split(",")] if args.trimul_n else Ns
     out = _out_dir(args.out, gpu)
-    att, tri = attention_backends(), trimul_backends(directions)
+    att, tri = attention_backends(), trimul_backends(directions, weight_dtypes)
     if args.backends:
         wanted = args.backends.split(",")
         att = {k: v for k, v in att.items() if k in wanted}
-        tri = {k: v for k, v in tri.items() if k.removesuffix(INCOMING) in wanted}
+        tri = {k: v for k, v in tri.items() if k.split(" (")[0] in wanted}
     for name, b in list(att.items()) + list(tri.items()):
         if isinstance(b, str):
             print(f"skipping {name}: {b}", file=sys.stderr)

@@ -376,3 +376,17 @@ def test_trimul_report_runs_both_directions_against_their_reference(direction):
     suffix = "" if direction == "outgoing" else bench.INCOMING
     assert backends["turbopairformer" + suffix].direction == direction
     assert torch.allclose(backends["pytorch_eager" + suffix](x, mask, w), ref)
+
+
+def test_trimul_report_takes_fp32_weights_with_the_same_values():
+    import torch
+
+    b = bench.trimul_backends(("outgoing", "incoming"), (torch.bfloat16, torch.float32))
+    fp32 = b["turbopairformer (incoming) (fp32 weights)"]
+    assert fp32.direction == "incoming" and fp32.weight_dtype == torch.float32
+    assert b["cuequivariance (fp32 weights)"] is not None
+    _, _, w16, _ = bench.trimul_inputs(5, 8, 1, device="cpu")
+    _, _, w32, _ = bench.trimul_inputs(5, 8, 1, device="cpu", weight_dtype=torch.float32)
+    assert all(w32[k].dtype == torch.float32 and torch.equal(w32[k], w16[k].float()) for k in w16)
+    with pytest.raises(SystemExit, match="--trimul-weights takes bf16, fp32"):
+        bench.main(["--trimul-weights", "fp8"])
