@@ -20,6 +20,10 @@
 #                                             built elsewhere (default dist/*.whl), `tpf info`, and
 #                                             the whole pytest suite against it
 #   scripts/device.sh head-dims [DIR]         our attention at every head dim, padded and native
+#   scripts/device.sh report [DIR] [BUDGET]   the comparison report against the installed peers
+#                                             (attention N = 384-4096, D = 16, 32; multiplicative
+#                                             update N = 256-4096, both directions, bf16 and fp32
+#                                             weights), cut at BUDGET seconds (default 420)
 #   scripts/device.sh pairformer [DIR] [N]    the Pairformer training step, ours and plain PyTorch
 #   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
 #   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
@@ -141,6 +145,12 @@ PY
     ;;
   head-dims)
     "$PY" -m turbopairformer.bench --head-dims 8,16,24,32,48,64,96,128 --n 384,768 --out "${1:-bench/results/h200}"
+    ;;
+  report)
+    "$PY" -m turbopairformer.bench --n 384,640,768,1024,2048,4096 --d 16,32 \
+      --trimul-n 256,384,768,1024,1536,2048,3072,4096 --trimul-directions outgoing,incoming \
+      --trimul-weights bf16,fp32 --backends turbopairformer,cuequivariance,trifast \
+      --budget "${2:-420}" --out "${1:-bench/results/h200}/report"
     ;;
   pairformer)
     "$PY" -m turbopairformer.bench --pairformer --n "${2:-384,768}" --out "${1:-bench/results/h200}"
