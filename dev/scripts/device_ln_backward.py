@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from turbopairformer import _norm
+from turbopairformer.bench_pairformer import _median_ms
 
 
 def main():
@@ -36,15 +37,7 @@ def main():
 
     first, second = run(), run()
     same = all(torch.equal(p, q) for p, q in zip(first, second))
-    times = []
-    for _ in range(20):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    ms = sorted(times)[len(times) // 2]
+    ms = _median_ms(run, 20)
     gb = (x.numel() * 4 * 3 + dy.numel() * 2) / 1e9  # x, dx_in, dx in fp32; dy in bf16
     print(
         f"{args.label} ln_bwd N={args.n} {ms:.3f} ms ({gb / ms:.2f} TB/s of {gb:.2f} GB) repeatable={same}"
