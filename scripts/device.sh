@@ -23,7 +23,8 @@
 #   scripts/device.sh report [DIR] [BUDGET]   the comparison report against the installed peers
 #                                             (attention N = 384-4096, D = 16, 32; multiplicative
 #                                             update N = 256-4096, both directions, bf16 and fp32
-#                                             weights), cut at BUDGET seconds (default 420)
+#                                             weights), cut at BUDGET seconds (default 420);
+#                                             after peers, with PY=$TPF_VENV/bin/python
 #   scripts/device.sh pairformer [DIR] [N]    the Pairformer training step, ours and plain PyTorch
 #   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
 #   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
