@@ -9,55 +9,72 @@
 namespace tpf::attn {
 namespace {
 
-// Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, one thread per (b, s, h, n) row; also the
-// LSE in log2 units for the backward's exp2.
+// The row-wise kernels' walk: a block takes kRowBlockRows consecutive rows n of one (b, s, h)
+// slice, D / 8 lanes a row, each lane one 16-byte chunk of 8 channels. The grid is
+// (B S H, row tiles), so the slice comes from blockIdx.x in 32-bit arithmetic once a thread (a
+// flat 64-bit row index cost five calls of the 64-bit division routine a thread) and the lanes of
+// a row read its 16 D bytes side by side.
+constexpr int kRowBlockThreads = 256;
+template <int D>
+struct SliceRow {
+  static constexpr int kLanes = D / 8;                          // lanes a row
+  static constexpr int kRows = kRowBlockThreads / kLanes;       // rows a block
+  static_assert(32 % kLanes == 0, "a row's lanes sit in one warp");
+  int b, s, h, n, c;  // slice, row in it, 8-channel chunk of the lane
+  int64_t row;        // (b, s, h, n) in the [B,S,H,N] order of lse, delta and dq_acc
+  __device__ explicit SliceRow(const Dims& d) {
+    const int bsh = blockIdx.x;
+    h = bsh % d.H;
+    s = (bsh / d.H) % d.S;
+    b = bsh / (d.H * d.S);
+    n = blockIdx.y * kRows + threadIdx.x / kLanes;
+    c = threadIdx.x % kLanes;
+    row = static_cast<int64_t>(bsh) * d.N + n;
+  }
+  __device__ bool valid(const Dims& d) const { return n < d.N; }
+  static dim3 grid(const Dims& d) {
+    return dim3(static_cast<unsigned>(d.B * d.S * d.H), static_cast<unsigned>((d.N + kRows - 1) / kRows));
+  }
+};
+
+// Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, summed over the row's lanes by a fixed
+// shuffle tree; also the LSE in log2 units for the backward's exp2.
 template <class T, int D>
-__global__ void delta_kernel(const BwdArgs a) {
-  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows) return;
-  const int n = i % a.dims.N, h = (i / a.dims.N) % a.dims.H;
-  const int s = (i / (static_cast<int64_t>(a.dims.N) * a.dims.H)) % a.dims.S;
-  const int b = i / (static_cast<int64_t>(a.dims.N) * a.dims.H * a.dims.S);
-  const T* o = slice_ptr<T>(a.out, b, s, h) + n * a.out.sn;
-  const T* r = a.res.ptr ? slice_ptr<T>(a.res, b, s, h) + n * a.res.sn : nullptr;
-  const T* d = slice_ptr<T>(a.dout, b, s, h) + n * a.dout.sn;
+__global__ void __launch_bounds__(kRowBlockThreads) delta_kernel(const BwdArgs a) {
+  const SliceRow<D> w(a.dims);
+  const bool in = w.valid(a.dims);  // lanes past N stay for the shuffle below, loading nothing
+  const int off = 8 * w.c;
+  uint4 ov = make_uint4(0, 0, 0, 0), dv = ov, rv = ov;
+  if (in) {
+    ov = *reinterpret_cast<const uint4*>(slice_ptr<T>(a.out, w.b, w.s, w.h) + w.n * a.out.sn + off);
+    dv = *reinterpret_cast<const uint4*>(slice_ptr<T>(a.dout, w.b, w.s, w.h) + w.n * a.dout.sn + off);
+    if (a.res.ptr) rv = *reinterpret_cast<const uint4*>(slice_ptr<T>(a.res, w.b, w.s, w.h) + w.n * a.res.sn + off);
+  }
+  const T* oe = reinterpret_cast<const T*>(&ov);  // [8]
+  const T* de = reinterpret_cast<const T*>(&dv);  // [8]
+  const T* re = reinterpret_cast<const T*>(&rv);  // [8]; zeros without a residual
   float acc = 0.f;
 #pragma unroll
-  for (int c = 0; c < D / 8; ++c) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + 8 * c);
-    const uint4 dv = *reinterpret_cast<const uint4*>(d + 8 * c);
-    uint4 rv = make_uint4(0, 0, 0, 0);
-    if (r) rv = *reinterpret_cast<const uint4*>(r + 8 * c);
-    const T* oe = reinterpret_cast<const T*>(&ov);
-    const T* de = reinterpret_cast<const T*>(&dv);
-    const T* re = reinterpret_cast<const T*>(&rv);
+  for (int e = 0; e < 8; ++e) acc = fmaf(dev::to_float(de[e]), dev::to_float(oe[e]) + dev::to_float(re[e]), acc);
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-      acc = fmaf(dev::to_float(de[e]), dev::to_float(oe[e]) + (r ? dev::to_float(re[e]) : 0.f), acc);
+  for (int o = 1; o < SliceRow<D>::kLanes; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, SliceRow<D>::kLanes);
+  if (in && w.c == 0) {
+    a.delta[w.row] = acc;
+    a.lse_log2[w.row] = a.lse[w.row] * 1.4426950408889634f;
   }
-  a.delta[i] = acc;
-  a.lse_log2[i] = a.lse[i] * 1.4426950408889634f;
 }
 
-// dq = scale * (the C chains' fp32 sums, added in chain order), rounded into the activation dtype;
-// 8 elements per thread.
+// dq = scale * (the C chains' fp32 sums, added in chain order), rounded into the activation dtype.
 template <class T, int D, int C>
-__global__ void dq_finalize_kernel(const BwdArgs a) {
-  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * (D / 8)) return;
-  const int64_t row = i / (D / 8);
-  const int c = i % (D / 8);
-  const int n = row % a.dims.N, h = (row / a.dims.N) % a.dims.H;
-  const int s = (row / (static_cast<int64_t>(a.dims.N) * a.dims.H)) % a.dims.S;
-  const int b = row / (static_cast<int64_t>(a.dims.N) * a.dims.H * a.dims.S);
-  const float4* src = reinterpret_cast<const float4*>(a.dq_acc + row * D + 8 * c);
+__global__ void __launch_bounds__(kRowBlockThreads) dq_finalize_kernel(const BwdArgs a) {
+  const SliceRow<D> w(a.dims);
+  if (!w.valid(a.dims)) return;
+  const int64_t chain = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N * D;
+  const float4* src = reinterpret_cast<const float4*>(a.dq_acc + w.row * D + 8 * w.c);  // [2] per chain
   float4 x = src[0], y = src[1];
 #pragma unroll
   for (int ch = 1; ch < C; ++ch) {
-    const float4* more = reinterpret_cast<const float4*>(a.dq_acc + ch * rows * D + row * D + 8 * c);
-    const float4 x1 = more[0], y1 = more[1];
+    const float4 x1 = src[ch * chain / 4], y1 = src[ch * chain / 4 + 1];
     x = make_float4(x.x + x1.x, x.y + x1.y, x.z + x1.z, x.w + x1.w);
     y = make_float4(y.x + y1.x, y.y + y1.y, y.z + y1.z, y.w + y1.w);
   }
@@ -66,7 +83,7 @@ __global__ void dq_finalize_kernel(const BwdArgs a) {
   out.y = dev::MmaOp<T>::pack(x.z * a.scale, x.w * a.scale);
   out.z = dev::MmaOp<T>::pack(y.x * a.scale, y.y * a.scale);
   out.w = dev::MmaOp<T>::pack(y.z * a.scale, y.w * a.scale);
-  *reinterpret_cast<uint4*>(slice_ptr_mut<T>(a.dq, b, s, h) + n * a.dq.sn + 8 * c) = out;
+  *reinterpret_cast<uint4*>(slice_ptr_mut<T>(a.dq, w.b, w.s, w.h) + w.n * a.dq.sn + 8 * w.c) = out;
 }
 
 // dbias[b,0,h,q,k] = sum over chunks c, in order, of part[c,b,h,k,q] (rows padded): a 32 x 32 tile per
@@ -122,21 +139,18 @@ __global__ void dbias_reduce_kernel(const BwdArgs a) {
 
 template <class T, int D>
 cudaError_t preprocess(const BwdArgs& a, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
-  delta_kernel<T, D><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(a);
+  delta_kernel<T, D><<<SliceRow<D>::grid(a.dims), kRowBlockThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <class T, int D>
 cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
-  const int64_t items = rows * (D / 8);
-  const unsigned blocks = static_cast<unsigned>((items + 255) / 256);
+  const dim3 blocks = SliceRow<D>::grid(a.dims);
   constexpr int kTwo = D == 32 ? 2 : 1;  // only D = 32 takes two chains (tile_config.h's bwd_dq_chains)
   if (a.dq_chains == 2) {
-    dq_finalize_kernel<T, D, kTwo><<<blocks, 256, 0, stream>>>(a);
+    dq_finalize_kernel<T, D, kTwo><<<blocks, kRowBlockThreads, 0, stream>>>(a);
   } else {
-    dq_finalize_kernel<T, D, 1><<<blocks, 256, 0, stream>>>(a);
+    dq_finalize_kernel<T, D, 1><<<blocks, kRowBlockThreads, 0, stream>>>(a);
   }
   if (a.dbias.ptr) {
     const dim3 grid((a.dims.N + 31) / 32, (a.dims.N + 31) / 32, a.dims.B * a.dims.H);
