@@ -2,9 +2,10 @@
 // (trimul/row_kernels.cu), its GEMM epilogue that fuses the LayerNorm backward
 // (trimul/norm_epilogue.cuh), and the stand-alone LayerNorm (norm/layer_norm.cu).
 //
-// A row of W channels (W a multiple of 32) is held by a group of 8 lanes: lane l8 holds the
-// 4-channel units u < W / 32 at channels 4 (l8 + 8u) .. + 3, as v[4u + e]. Rows of one warp
-// are four groups; the shuffles below stay inside a group.
+// A row of W channels is held by a group of L lanes (8 by default, W a multiple of 32; 16 for
+// W a multiple of 64, halving each lane's registers): lane l holds the 4-channel units
+// u < W / (4 L) at channels 4 (l + L u) .. + 3, as v[4u + e]. Rows of one warp are 32 / L
+// groups; the shuffles below stay inside a group.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,39 +18,41 @@ namespace tpf::rows {
 
 constexpr int kGroupLanes = 8;
 
-__device__ __forceinline__ int unit_channel(int l8, int u) { return 4 * (l8 + kGroupLanes * u); }
+template <int L = kGroupLanes>
+__device__ __forceinline__ int unit_channel(int l, int u) { return 4 * (l + L * u); }
 
+template <int L = kGroupLanes>
 __device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
-  for (int o = 1; o < kGroupLanes; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 1; o < L; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-// Mean and 1/sqrt(var + eps) of a row of W channels held by a group (v[4u + e], u < W / 32);
+// Mean and 1/sqrt(var + eps) of a row of W channels held by a group (v[4u + e], u < W / 4L);
 // two passes over the registers (no E[x^2] - mean^2 cancellation).
-template <int kVals>
+template <int L = kGroupLanes, int kVals>
 __device__ __forceinline__ float2 row_stats(const float (&v)[kVals], int W, float eps) {
-  const int units = W / 32;
+  const int units = W / (4 * L);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kVals; ++i) s += i / 4 < units ? v[i] : 0.f;
-  const float mean = group_sum(s) / W;
+  const float mean = group_sum<L>(s) / W;
   float q = 0.f;
 #pragma unroll
   for (int i = 0; i < kVals; ++i) q += i / 4 < units ? (v[i] - mean) * (v[i] - mean) : 0.f;
-  return make_float2(mean, rsqrtf(group_sum(q) / W + eps));
+  return make_float2(mean, rsqrtf(group_sum<L>(q) / W + eps));
 }
 
 // d x of the normalisation from g = d xhat and xhat (same layout), in place in g:
 // rstd (g - mean(g) - xhat mean(g xhat)). Every lane of the warp must call it.
-template <int kVals>
+template <int L = kGroupLanes, int kVals>
 __device__ __forceinline__ void norm_backward(float (&g)[kVals], const float (&xh)[kVals], int W, float rstd) {
-  const int units = W / 32;
+  const int units = W / (4 * L);
   float sg = 0.f, sgx = 0.f;
 #pragma unroll
   for (int i = 0; i < kVals; ++i)
     if (i / 4 < units) sg += g[i], sgx += g[i] * xh[i];
-  const float mg = group_sum(sg) / W, mgx = group_sum(sgx) / W;
+  const float mg = group_sum<L>(sg) / W, mgx = group_sum<L>(sgx) / W;
 #pragma unroll
   for (int i = 0; i < kVals; ++i) g[i] = rstd * (g[i] - mg - xh[i] * mgx);
 }

@@ -1,7 +1,8 @@
 // LayerNorm forward and backward over contiguous rows of W <= 256 channels.
 //
 // Row groups as in common/row_math.cuh: eight lanes per row, four rows per warp, eight warps per
-// block (32 rows). The forward reads x once and writes y in the consumer's precision; the
+// block (32 rows); the backward puts sixteen lanes on a row when W is a multiple of 64 (half the
+// registers a lane, so more blocks per SM keep loads in flight). The forward reads x once and writes y in the consumer's precision; the
 // backward reads x and dy once, writes dx, and keeps each lane's share of the weight and bias
 // gradients (sum dy xhat, sum dy) in registers over the rows it walks. Blocks walk a fixed
 // set of row tiles (a grid that depends on the row count only), and their partials are summed
@@ -18,14 +19,22 @@ namespace tpf::norm {
 namespace {
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRowsPerBlock = kWarps * (32 / rows::kGroupLanes);
+template <int L = rows::kGroupLanes>
+constexpr int kRowsPerBlock = kWarps * (32 / L);
 constexpr int kMaxW = 256;
 // Backward grid: enough blocks that each SM holds several (the kernel is bandwidth-bound and
 // wants loads in flight), few enough that the partials stay small (2 MB at W = 256).
 constexpr int kBackwardBlocks = 1024;
 
-__host__ __device__ inline int64_t tiles(const Rows& r) { return (r.rows + kRowsPerBlock - 1) / kRowsPerBlock; }
-int backward_blocks(const Rows& r) { return static_cast<int>(tiles(r) < kBackwardBlocks ? tiles(r) : kBackwardBlocks); }
+template <int L = rows::kGroupLanes>
+__host__ __device__ inline int64_t tiles(const Rows& r) { return (r.rows + kRowsPerBlock<L> - 1) / kRowsPerBlock<L>; }
+// The backward's lanes a row: 16 where they divide the row into whole 4-channel units.
+constexpr int kWideLanes = 16;
+bool wide_backward(const Rows& r) { return r.W % (4 * kWideLanes) == 0; }
+int backward_blocks(const Rows& r) {
+  const int64_t t = wide_backward(r) ? tiles<kWideLanes>(r) : tiles(r);
+  return static_cast<int>(t < kBackwardBlocks ? t : kBackwardBlocks);
+}
 
 __device__ __forceinline__ float param_at(Param p, int c, float absent) {
   if (!p.ptr) return absent;
@@ -44,10 +53,11 @@ __device__ __forceinline__ void stage_params(float* s, Param w, Param b, int W) 
 
 __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// This thread's place: row `row` of the block's 32, lane l8 of its group.
+// This thread's place: row `row` of the block's kRowsPerBlock<L>, lane l of its group.
+template <int L = rows::kGroupLanes>
 struct Slot {
-  int row = threadIdx.x / rows::kGroupLanes, l8 = threadIdx.x % rows::kGroupLanes;
-  __device__ int channel(int u) const { return rows::unit_channel(l8, u); }
+  int row = threadIdx.x / L, l = threadIdx.x % L;
+  __device__ int channel(int u) const { return rows::unit_channel<L>(l, u); }
 };
 
 template <class Tx, class Ty, int kUnits>
@@ -55,8 +65,8 @@ __global__ void __launch_bounds__(kThreads)
     forward_kernel(Rows r, const Tx* x, Param weight, Param bias, Ty* y, float* mean, float* rstd) {
   __shared__ float wb[2 * kMaxW];  // [weight | bias]
   stage_params(wb, weight, bias, r.W);
-  const Slot sl;
-  const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock + sl.row;
+  const Slot<> sl;
+  const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock<> + sl.row;
   const bool in = m < r.rows;  // rows past the end still join the group's shuffles
   const Tx* src = x + (in ? m : 0) * r.W;
   Ty* dst = y + (in ? m : 0) * r.W;
@@ -76,16 +86,16 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) o[e] = (v[4 * u + e] - st.x) * st.y * wb[c + e] + wb[kMaxW + c + e];
     rows::store4(dst + c, o, vy);
   }
-  if (mean && sl.l8 == 0) mean[m] = st.x, rstd[m] = st.y;
+  if (mean && sl.l == 0) mean[m] = st.x, rstd[m] = st.y;
 }
 
 // The block's (sum dy xhat, sum dy) per channel into partials[blockIdx.x][2W], from each lane's
 // sums over its rows: the warp's four row groups by a shuffle tree, then the warps in order.
-template <int kUnits>
+template <int L, int kUnits>
 __device__ __forceinline__ void block_partials(float (&sw)[4 * kUnits], float (&sb)[4 * kUnits], float* smem,
-                                               int W, const Slot& sl, float* partials) {
+                                               int W, const Slot<L>& sl, float* partials) {
 #pragma unroll
-  for (int o = rows::kGroupLanes; o < 32; o <<= 1)
+  for (int o = L; o < 32; o <<= 1)
 #pragma unroll
     for (int i = 0; i < 4 * kUnits; ++i) {
       sw[i] += __shfl_xor_sync(0xffffffffu, sw[i], o);
@@ -93,12 +103,12 @@ __device__ __forceinline__ void block_partials(float (&sw)[4 * kUnits], float (&
     }
   const int warp = threadIdx.x / 32;
   float* mine = smem + warp * 2 * kMaxW;  // [kWarps][2][kMaxW]
-  if (threadIdx.x % 32 < rows::kGroupLanes)
+  if (threadIdx.x % 32 < L)
 #pragma unroll
     for (int u = 0; u < kUnits; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (u < W / 32) mine[sl.channel(u) + e] = sw[4 * u + e], mine[kMaxW + sl.channel(u) + e] = sb[4 * u + e];
+        if (u < W / (4 * L)) mine[sl.channel(u) + e] = sw[4 * u + e], mine[kMaxW + sl.channel(u) + e] = sb[4 * u + e];
   __syncthreads();
   for (int j = threadIdx.x; j < 2 * W; j += kThreads) {
     const int at = j < W ? j : kMaxW + j - W;
@@ -108,17 +118,17 @@ __device__ __forceinline__ void block_partials(float (&sw)[4 * kUnits], float (&
   }
 }
 
-template <class Tx, class Tdy, int kUnits>
+template <class Tx, class Tdy, int L, int kUnits>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(Rows r, const Tx* x, const Tdy* dy, Param weight, const float* mean, const float* rstd,
                     Tx* dx, const Tx* dx_in, float* partials) {
   __shared__ float smem[kWarps * 2 * kMaxW];  // weight first, then the warps' partials
   stage_params(smem, weight, Param{nullptr, DType::kFP32}, r.W);
-  const Slot sl;
+  const Slot<L> sl;
   const bool vx = aligned16(x), vdy = aligned16(dy), vdx = aligned16(dx) && aligned16(dx_in);
   float sw[4 * kUnits] = {}, sb[4 * kUnits] = {};  // this lane's sum dy xhat, sum dy
-  for (int64_t t = blockIdx.x; t < tiles(r); t += gridDim.x) {
-    const int64_t m = t * kRowsPerBlock + sl.row;
+  for (int64_t t = blockIdx.x; t < tiles<L>(r); t += gridDim.x) {
+    const int64_t m = t * kRowsPerBlock<L> + sl.row;
     const bool in = m < r.rows;
     const float mu = in ? mean[m] : 0.f, rs = in ? rstd[m] : 0.f;
     // [4u + e] channel sl.channel(u) + e: xhat; dy, then d xhat, then dx; the dx_in addend.
@@ -126,7 +136,7 @@ __global__ void __launch_bounds__(kThreads)
     float xh[4 * kUnits] = {}, g[4 * kUnits] = {}, add[4 * kUnits] = {};
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
-      if (!in || u >= r.W / 32) continue;
+      if (!in || u >= r.W / (4 * L)) continue;
       rows::load4(xh + 4 * u, x + m * r.W + sl.channel(u), vx);
       rows::load4(g + 4 * u, dy + m * r.W + sl.channel(u), vdy);
       if (dx_in) rows::load4(add + 4 * u, dx_in + m * r.W + sl.channel(u), vdx);  // read before dx's store: may be dx
@@ -138,13 +148,13 @@ __global__ void __launch_bounds__(kThreads)
         const int i = 4 * u + e;
         xh[i] = (xh[i] - mu) * rs;
         sw[i] += g[i] * xh[i], sb[i] += g[i];
-        g[i] *= u < r.W / 32 ? smem[sl.channel(u) + e] : 0.f;  // the weight (stage_params)
+        g[i] *= u < r.W / (4 * L) ? smem[sl.channel(u) + e] : 0.f;  // the weight (stage_params)
       }
-    rows::norm_backward(g, xh, r.W, rs);
+    rows::norm_backward<L>(g, xh, r.W, rs);
     if (!in) continue;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
-      if (u >= r.W / 32) continue;
+      if (u >= r.W / (4 * L)) continue;
 #pragma unroll
       for (int e = 0; e < 4; ++e) g[4 * u + e] += add[4 * u + e];
       rows::store4(dx + m * r.W + sl.channel(u), g + 4 * u, vdx);
@@ -152,7 +162,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!partials) return;
   __syncthreads();  // the weight copy is read; the area now takes the partials
-  block_partials<kUnits>(sw, sb, smem, r.W, sl, partials);
+  block_partials<L, kUnits>(sw, sb, smem, r.W, sl, partials);
 }
 
 __device__ __forceinline__ void store(Grad out, int c, float t) {
@@ -204,7 +214,10 @@ cudaError_t backward(const Rows& r, const void* x, DType x_dtype, const void* dy
   const cudaError_t e = dev::with_mixed_pair(x_dtype, dy_dtype, [&](auto tx, auto tdy) {
     using Tx = decltype(tx);
     using Tdy = decltype(tdy);
-    auto* kernel = r.W <= 128 ? backward_kernel<Tx, Tdy, 4> : backward_kernel<Tx, Tdy, 8>;
+    // 16 lanes: W = 64, 128 in 2 units a lane, 192, 256 in 4; other widths 8 lanes, up to 8 units.
+    auto* kernel = !wide_backward(r) ? backward_kernel<Tx, Tdy, 8, 8>
+                   : r.W <= 128      ? backward_kernel<Tx, Tdy, kWideLanes, 2>
+                                     : backward_kernel<Tx, Tdy, kWideLanes, 4>;
     kernel<<<backward_blocks(r), kThreads, 0, s>>>(r, static_cast<const Tx*>(x), static_cast<const Tdy*>(dy),
                                                    weight, mean, rstd, static_cast<Tx*>(dx),
                                                    static_cast<const Tx*>(dx_in),

@@ -125,7 +125,8 @@ def _close(got, want, u, what):
 @requires_gpu
 @pytest.mark.parametrize("x_dtype,y_dtype", PAIRS)
 @pytest.mark.parametrize(
-    "rows,W", [(1, 128), (7, 32), (100, 256), (333, 96), (4096, 128), (70001, 128)]
+    "rows,W",
+    [(1, 128), (7, 32), (7, 64), (100, 256), (333, 96), (333, 192), (4096, 128), (70001, 128)],
 )
 def test_kernels_match_the_fp64_reference(x_dtype, y_dtype, rows, W):
     x, w, b, dy = _inputs((rows, W), x_dtype, "cuda", seed=rows + W)
@@ -164,9 +165,13 @@ def test_kernels_take_a_misaligned_contiguous_view():
     x = base[1:].view(101, 64)  # 4-byte offset: the scalar path
     w = torch.ones(64, device="cuda")
     y, mean, rstd = _norm.forward(x, w, None, 1e-5, torch.float32)
-    ry, *_ = _torch_double(x, w, None, torch.zeros_like(x), 1e-5)
+    dy = dy[1:].view(101, 64).bfloat16()
+    ry, rdx, rdw, _ = _torch_double(x, w, None, dy, 1e-5)
     _close(y, ry, U[torch.float32], "y")
     assert math.isfinite(mean.sum().item())
+    dx, dw, _ = _norm.backward(dy, x, w, None, 1e-5, mean, rstd, True, False)
+    _close(dx, rdx, U[torch.float32], "dx")
+    _close(dw, rdw, 0, "dweight")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_gpu)])
