@@ -172,6 +172,19 @@ def _eager_trimul(x, mask, w, eps=1e-5, direction="outgoing"):
     ) * torch.nn.functional.linear(y, w["p_out_weight"], w["p_out_bias"])
 
 
+def _cueq_trimul(cueq, wd):
+    """cuEquivariance's op; with fp32 weights under bf16 autocast, as mixed-precision training
+    calls it (it takes no fp32 weights beside bf16 activations otherwise)."""
+
+    def call(x, d, mask, w):
+        if wd != torch.float32:
+            return cueq.triangle_multiplicative_update(x, d, mask, **w)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return cueq.triangle_multiplicative_update(x, d, mask, **w)
+
+    return call
+
+
 def trimul_backends(directions=("outgoing",), weight_dtypes=(torch.bfloat16,)):
     """name -> fn(x, mask, weights dict) -> out (with fn.direction and fn.weight_dtype), or a
     reason it is unavailable. Every backend takes cuEquivariance's argument names and packing, so
@@ -208,11 +221,7 @@ def trimul_backends(directions=("outgoing",), weight_dtypes=(torch.bfloat16,)):
                 lambda x, d, mask, w: compiled(x, mask, w, direction=d), d, wd
             )
             b["cuequivariance" + suffix] = (
-                directed(
-                    lambda x, d, mask, w: cueq.triangle_multiplicative_update(x, d, mask, **w),
-                    d,
-                    wd,
-                )
+                directed(_cueq_trimul(cueq, wd), d, wd)
                 if cueq is not None
                 else "not installed: pip install cuequivariance-torch cuequivariance-ops-torch-cu13"
             )

@@ -139,6 +139,10 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     s, z = s.detach().requires_grad_(True), z.detach().requires_grad_(True)
 
     def step():
+        # As a training step sees it: gradients assigned, not added to the last step's (in a
+        # model z and s are not leaves, and the optimizer sets parameter gradients to None)
+        block.zero_grad(set_to_none=True)
+        s.grad = z.grad = None
         with torch.autocast("cuda", dtype=torch.bfloat16):
             so, zo = fn(s, z, sm, pm)
         _loss(so, zo, sm, pm).backward()
@@ -375,6 +379,9 @@ def _pair_step(module, z, pm):
     """One forward + backward of a pair-track module under bf16 autocast."""
 
     def step():
+        z.grad = None  # assigned, not accumulated (see _block_case)
+        if isinstance(module, torch.nn.Module):
+            module.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = module(z, pm)
         (out.float() * pm[..., None]).square().mean().backward()

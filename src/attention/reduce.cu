@@ -9,32 +9,31 @@
 namespace tpf::attn {
 namespace {
 
-// The row-wise kernels' walk: a block takes kRowBlockRows consecutive rows n of one (b, s, h)
-// slice, D / 8 lanes a row, each lane one 16-byte chunk of 8 channels. The grid is
-// (B S H, row tiles), so the slice comes from blockIdx.x in 32-bit arithmetic once a thread (a
-// flat 64-bit row index cost five calls of the 64-bit division routine a thread) and the lanes of
-// a row read its 16 D bytes side by side.
+// The row-wise kernels' walk: a block takes kRows consecutive rows n of one (b, s, h) slice,
+// D / 8 lanes a row, each lane one 16-byte chunk of 8 channels. Blocks run in memory order
+// (row tiles of a slice, then the next slice), and the slice and tile come from blockIdx.x in
+// 32-bit arithmetic once a thread (a flat 64-bit row index cost five calls of the 64-bit
+// division routine a thread).
 constexpr int kRowBlockThreads = 256;
 template <int D>
 struct SliceRow {
-  static constexpr int kLanes = D / 8;                          // lanes a row
-  static constexpr int kRows = kRowBlockThreads / kLanes;       // rows a block
+  static constexpr int kLanes = D / 8;                     // lanes a row
+  static constexpr int kRows = kRowBlockThreads / kLanes;  // rows a block
   static_assert(32 % kLanes == 0, "a row's lanes sit in one warp");
   int b, s, h, n, c;  // slice, row in it, 8-channel chunk of the lane
   int64_t row;        // (b, s, h, n) in the [B,S,H,N] order of lse, delta and dq_acc
+  __host__ __device__ static int tiles(const Dims& d) { return (d.N + kRows - 1) / kRows; }
   __device__ explicit SliceRow(const Dims& d) {
-    const int bsh = blockIdx.x;
+    const int t = tiles(d), bsh = blockIdx.x / t;
     h = bsh % d.H;
     s = (bsh / d.H) % d.S;
     b = bsh / (d.H * d.S);
-    n = blockIdx.y * kRows + threadIdx.x / kLanes;
+    n = (blockIdx.x - bsh * t) * kRows + threadIdx.x / kLanes;
     c = threadIdx.x % kLanes;
     row = static_cast<int64_t>(bsh) * d.N + n;
   }
   __device__ bool valid(const Dims& d) const { return n < d.N; }
-  static dim3 grid(const Dims& d) {
-    return dim3(static_cast<unsigned>(d.B * d.S * d.H), static_cast<unsigned>((d.N + kRows - 1) / kRows));
-  }
+  static unsigned grid(const Dims& d) { return static_cast<unsigned>(int64_t(d.B) * d.S * d.H * tiles(d)); }
 };
 
 // Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, summed over the row's lanes by a fixed
@@ -145,7 +144,7 @@ cudaError_t preprocess(const BwdArgs& a, cudaStream_t stream) {
 
 template <class T, int D>
 cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
-  const dim3 blocks = SliceRow<D>::grid(a.dims);
+  const unsigned blocks = SliceRow<D>::grid(a.dims);
   constexpr int kTwo = D == 32 ? 2 : 1;  // only D = 32 takes two chains (tile_config.h's bwd_dq_chains)
   if (a.dq_chains == 2) {
     dq_finalize_kernel<T, D, kTwo><<<blocks, kRowBlockThreads, 0, stream>>>(a);
