@@ -14,6 +14,9 @@
 #   scripts/device.sh install [WHEEL]         wheel-test's environment and install, without the tests
 #   scripts/device.sh peers-ops DIR           cuequivariance-ops-cu13 from DIR into /tmp/peers-ops
 #                                             (scripts/peer_wheels.sh downloads it elsewhere)
+#   scripts/device.sh peers-site TARBALL      every peer wheel, unpacked (scripts/peer_wheels.sh's
+#                                             DIR.tar.xz), into /tmp/peersite in one call; run
+#                                             the bench with PYTHONPATH=python:/tmp/peersite
 #   scripts/device.sh peers DIR [WHEEL]       install, then the other peer wheels from DIR into
 #                                             that environment, /tmp/peers-ops linked in
 #   scripts/device.sh wheel-test [WHEEL]      a fresh virtual environment, `pip install` of a wheel
@@ -133,6 +136,12 @@ PY
     rm -rf /tmp/peers-ops
     python3 -m pip install -q --no-index --no-deps --target /tmp/peers-ops "${1:?wheel folder}"/*.whl || exit 1
     ls /tmp/peers-ops
+    ;;
+  peers-site)
+    rm -rf /tmp/peersite
+    tar -C /tmp -xJf "${1:?peer_wheels.sh tarball}" || exit 1
+    python3 -c "import sys; sys.path[:0] = ['/tmp/peersite']; import cuequivariance_torch, trifast; print('peers: cuequivariance', cuequivariance_torch.__version__, '+ trifast')" || exit 1
+    echo "PYTHONPATH=$PWD/python:/tmp/peersite"
     ;;
   peers)
     from=${1:?wheel folder}; shift
