@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kRowBlockThreads) delta_kernel(const BwdArgs a
 }
 
 // dq = scale * (the C chains' fp32 sums, added in chain order), rounded into the activation dtype;
-// 8 elements per thread over a flat grid (measured faster inside the block than SliceRow's walk,
-// 0.27 against 0.29 ms a call at N = 768, D = 32, where dq is the stacked projection's gradient).
+// 8 elements per thread over a flat grid: where dq is the stacked projection's strided gradient
+// this measured faster than delta_kernel's walk (docs/perf-notes.md, fourth session).
 template <class T, int D, int C>
 __global__ void dq_finalize_kernel(const BwdArgs a) {
   const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;

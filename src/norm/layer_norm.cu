@@ -2,7 +2,8 @@
 //
 // Row groups as in common/row_math.cuh: eight lanes per row, four rows per warp, eight warps per
 // block (32 rows); the backward puts sixteen lanes on a row when W is a multiple of 64 (half the
-// registers a lane, so more blocks per SM keep loads in flight). The forward reads x once and writes y in the consumer's precision; the
+// registers a lane, so more blocks per SM keep loads in flight). The forward reads x once and
+// writes y in the consumer's precision; the
 // backward reads x and dy once, writes dx, and keeps each lane's share of the weight and bias
 // gradients (sum dy xhat, sum dy) in registers over the rows it walks. Blocks walk a fixed
 // set of row tiles (a grid that depends on the row count only), and their partials are summed
