@@ -51,7 +51,10 @@ struct TrimulForwardParams {
 struct TrimulBackwardParams {
   TrimulForwardParams fwd;  // inputs as in the forward (fwd.out is ignored)
   TensorView dout;          // [B,N,N,C]
-  TensorView dz;            // [B,N,N,C], written
+  TensorView dz;            // [B,N,N,C] z's dtype or fp32, written
+  TensorView dz_in;         // dz's shape and dtype, optional: added to dz (it may be dz itself),
+                            //   so that the gradient of a residual around the update joins dz
+                            //   in the same pass (an fp32 dz then holds the sum unrounded)
   TrimulWeights dw;         // each written where the matching weight is present
 };
 

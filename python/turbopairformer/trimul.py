@@ -26,7 +26,7 @@ _FWD_SCHEMA = (
 )
 _BWD_SCHEMA = (
     f"(Tensor dout, Tensor saved, Tensor x, Tensor? mask, {_W}, int direction, "
-    "float eps) -> Tensor[]"
+    "float eps, Tensor? dz_in) -> Tensor[]"
 )
 
 
@@ -83,20 +83,23 @@ def _fwd_fake(x, mask, *rest):
 
 
 def _bwd(dout, saved, x, mask, *rest):
-    """saved: the forward's saved set, or empty (the backward then recomputes the forward)."""
-    *weights, direction, eps = rest
+    """saved: the forward's saved set, or empty (the backward then recomputes the forward).
+    dz_in (optional, x's shape, x's dtype or fp32): added to dz, which then takes its dtype."""
+    *weights, direction, eps, dz_in = rest
     dout = dout.contiguous()
-    dz = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dz = torch.empty_like(x if dz_in is None else dz_in, memory_format=torch.contiguous_format)
     dw = [torch.empty_like(w) if w is not None else None for w in weights]
-    a = _args(x, mask, weights, direction, eps, dw=dw, dout=dout, dz=dz)
+    grads = dict(dout=dout, dz=dz) if dz_in is None else dict(dout=dout, dz=dz, dz_in=dz_in)
+    a = _args(x, mask, weights, direction, eps, dw=dw, **grads)
     _call(_native.LIB.tpf_trimul_backward, a, x, saved, True)
     # absent weights get an empty placeholder (a custom op returns tensors only)
     return [dz] + [g if g is not None else x.new_empty(0) for g in dw]
 
 
 def _bwd_fake(dout, saved, x, mask, *rest):
-    weights = rest[:-2]
-    return [torch.empty_like(x, memory_format=torch.contiguous_format)] + [
+    weights, dz_in = rest[:-3], rest[-1]
+    like = x if dz_in is None else dz_in
+    return [torch.empty_like(like, memory_format=torch.contiguous_format)] + [
         torch.empty_like(w) if w is not None else x.new_empty(0) for w in weights
     ]
 
@@ -125,7 +128,7 @@ def _backward(ctx, dout, _dsaved):
     if dout is None:  # (grads are not materialized) out took no part in what is differentiated
         return (None,) * len(ctx.needs_input_grad)
     saved, x, mask, *weights = ctx.saved_tensors
-    dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps)
+    dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps, None)
     grads = [g if w is not None else None for g, w in zip(dw, weights)]
     return (dz, None, *grads, None, None, None)
 
@@ -209,8 +212,9 @@ def kernel_input(z: torch.Tensor) -> torch.Tensor:
 class _ResidualUpdate(torch.autograd.Function):
     """z + scale * update(z) for a [B, N, N, C] pair tensor z (fp32 under autocast: the update
     runs on its bf16 copy). The backward forms the update's gradient in one pass from the
-    residual's and sums the two gradients of z in one more, where autograd would take four
-    (the product, its cast, the copy's cast back, the sum)."""
+    residual's, and the update's LayerNorm backward adds the residual's gradient to dz in its
+    own pass (dz_in), where autograd would take five (the product, its cast, the copy's cast
+    back, the sum)."""
 
     @staticmethod
     def forward(ctx, z, scale, mask, direction, eps, low_memory, *weights):
@@ -227,8 +231,11 @@ class _ResidualUpdate(torch.autograd.Function):
     def backward(ctx, dres):
         saved, x, mask, scale, *weights = ctx.saved_tensors
         dout = _branch_grad(dres, scale, x.dtype)
-        dx, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps)
-        dz = dres + dx  # one pass: the pass-through gradient and the update's, in z's dtype
+        # the pass-through gradient joins the update's in the kernel's last pass, in z's dtype
+        if dres.dtype not in (x.dtype, torch.float32):  # e.g. an fp16 z under autocast
+            dres = dres.float()
+        dres = dres if dres.stride(-1) == 1 else dres.contiguous()
+        dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps, dres)
         grads = [g if w is not None else None for g, w in zip(dw, weights)]
         return (dz, None, None, None, None, None, *grads)
 

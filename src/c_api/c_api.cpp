@@ -101,7 +101,8 @@ const tpf_abi_field kAbiFields[] = {
     {"tpf_trimul_args", "", "struct", 0, sizeof(tpf_trimul_args)},
     TPF_ROW_(tpf_trimul_args, z, "tensor") TPF_ROW_(tpf_trimul_args, mask, "tensor")
     TPF_ROW_(tpf_trimul_args, out, "tensor") TPF_ROW_(tpf_trimul_args, dout, "tensor")
-    TPF_ROW_(tpf_trimul_args, dz, "tensor") TPF_ROW_(tpf_trimul_args, w, "tensor[12]")
+    TPF_ROW_(tpf_trimul_args, dz, "tensor") TPF_ROW_(tpf_trimul_args, dz_in, "tensor")
+    TPF_ROW_(tpf_trimul_args, w, "tensor[12]")
     TPF_ROW_(tpf_trimul_args, dw, "tensor[12]") TPF_ROW_(tpf_trimul_args, direction, "i32")
     TPF_ROW_(tpf_trimul_args, eps, "f64") TPF_ROW_(tpf_trimul_args, saved, "ptr")
     TPF_ROW_(tpf_trimul_args, saved_bytes, "size")
@@ -157,6 +158,7 @@ tpf::TrimulBackwardParams trimul_backward_params(const tpf_trimul_args& a) {
   p.fwd = trimul_forward_params(a);
   p.dout = view(a.dout);
   p.dz = view(a.dz);
+  p.dz_in = view(a.dz_in);
   p.dw = trimul_weights(a.dw);
   return p;
 }

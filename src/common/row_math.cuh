@@ -58,6 +58,10 @@ __device__ __forceinline__ void norm_backward(float (&g)[kVals], const float (&x
 }
 
 __device__ __forceinline__ bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+// Whether four consecutive elements from p move as one vector access (8 bytes of a 16-bit type,
+// 16 of fp32).
+template <class T>
+__device__ __forceinline__ bool aligned4(const T* p) { return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0; }
 
 // Four consecutive channels of a 16-bit row as floats (one 8-byte load when aligned).
 template <class T>

@@ -304,8 +304,10 @@ Status trimul_backward(const TrimulBackwardParams& p) {
                                        &g.ln_in_b);
     for (int64_t i = 0; i < N; ++i)
       for (int64_t j = 0; j < N; ++j)
-        for (int64_t c = 0; c < C; ++c)
-          store(p.dz, p.dz.offset({batch, i, j, c}), dz[(i * N + j) * C + c]);
+        for (int64_t c = 0; c < C; ++c) {
+          const double add = p.dz_in.present() ? load(p.dz_in, p.dz_in.offset({batch, i, j, c})) : 0.0;
+          store(p.dz, p.dz.offset({batch, i, j, c}), dz[(i * N + j) * C + c] + add);
+        }
   }
   const TrimulWeights& dw = p.dw;
   write_vec(dw.norm_in_weight, g.ln_in_w);

@@ -68,7 +68,14 @@ GpuRunResult run_trimul_gpu(TrimulProblem& p, bool backward, int repeats, bool f
   b.dout = dout.view;
   std::vector<std::vector<uint8_t>> first;
   for (int rep = 0; rep < repeats; ++rep) {
-    auto dz = to_device(p.dz, true);
+    // dz poisoned, or holding dz_in where the call adds dz_in in place
+    const bool alias = p.dz_in.view.data && p.dz_in_alias;
+    auto dz = alias ? to_device(p.dz_in, false) : to_device(p.dz, true);
+    DeviceTensor dz_in;
+    if (p.dz_in.view.data) {
+      if (!alias) dz_in = to_device(p.dz_in, false);
+      b.dz_in = alias ? dz.view : dz_in.view;
+    }
     std::vector<DeviceTensor> dw;
     for (int i = 0; i < TrimulProblem::kWeights; ++i) dw.push_back(to_device(p.dw[i], true));
     b.dz = dz.view;

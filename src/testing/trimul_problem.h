@@ -7,6 +7,8 @@ namespace tpf::test {
 struct TrimulProblem {
   int64_t B, N, C, Ch;
   HostTensor z, mask, out, dout, dz;
+  HostTensor dz_in;          // optional addend of dz (absent: no data)
+  bool dz_in_alias = false;  // the GPU harness passes dz_in as dz itself (dz starts as dz_in)
   // Weights and gradients, in TrimulWeights order.
   static constexpr int kWeights = 12;
   HostTensor w[kWeights], dw[kWeights];
@@ -84,6 +86,7 @@ struct TrimulProblem {
     b.fwd = fwd();
     b.dout = dout.view;
     b.dz = dz.view;
+    if (dz_in.view.data) b.dz_in = dz_in.view;
     b.dw = weights(dw);
     return b;
   }

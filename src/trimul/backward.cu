@@ -48,6 +48,15 @@ cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, int64_t
 bool fused_norm_in(const Dims& d) { return d.C <= Cfg::kBlockN; }
 bool fused_norm_out(const Dims& d) { return d.Ch <= Cfg::kBlockN && d.N % 8 == 0; }
 
+// d xhat_in's product with LayerNorm_in's backward in its epilogue, into dz (Tdz) plus dz_in.
+template <class Tdz>
+cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operand& dlin_rows, const Operand& wcat_n,
+                             const GemmShape& shape, cudaStream_t s) {
+  const NormRowsBackwardEpilogue<Tdz> fused{p.d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz, p.dz_in,
+                                            ws.norm_in_part};
+  return launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, shape, 1, fused, s);
+}
+
 }  // namespace
 
 cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, cudaStream_t s) {
@@ -103,8 +112,9 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   const Operand dlin_rows = pixel_rows(ws.dlin, d, PL), wcat_n = Operand{ws.wcat_raw, d.C, 0, PL, d.C};
   const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), PL, 0};
   if (fused_norm_in(d)) {
-    const NormRowsBackwardEpilogue fused{d, p.w.w[kNormInW], ws.mean_in, ws.rstd_in, p.z, p.dz, ws.norm_in_part};
-    if ((e = launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, fused, s)) != cudaSuccess) return e;
+    if ((e = p.dz_f32 ? norm_in_backward<float>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)
+                      : norm_in_backward<T>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)) != cudaSuccess)
+      return e;
   } else {
     const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
     if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) != cudaSuccess ||

@@ -34,6 +34,8 @@ struct WeightSet {
 struct Problem {
   Dims d;
   PairRef z, out, dout, dz;
+  PairRef dz_in;  // added to dz (ptr nullptr: nothing); dz's dtype
+  bool dz_f32;    // dz (and dz_in) fp32, else bf16
   MaskRef mask;
   WeightSet w, dw;  // dw: gradient outputs (ptr nullptr where not requested)
   bool outgoing;

@@ -80,12 +80,16 @@ __device__ __forceinline__ uint2 load4_raw(const __nv_bfloat16* src) {
   return make_uint2(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16));
 }
 
-// LayerNorm_in: z and dz pixel-major (any pixel strides), W = C.
+// LayerNorm_in: z and dz pixel-major (any pixel strides), W = C; dz (Tdz: bf16 or fp32) plus
+// dz_in where given (a residual's gradient around the update, read before dz's store: it may be
+// dz itself).
+template <class Tdz>
 struct NormRowsBackwardEpilogue {
   Dims d;
   WeightRef gamma;  // [C]
   const float *mean, *rstd;
-  PairRef z, dz;    // bf16
+  PairRef z;          // bf16
+  PairRef dz, dz_in;  // Tdz; dz_in.ptr nullptr: nothing added
   float* param_part;  // [m-tiles][2C]: d gamma then d beta of the tile's rows
   __device__ void operator()(const EpiTile& t, int64_t m0, int, int) const {
     const NormRowWalk w;
@@ -93,7 +97,8 @@ struct NormRowsBackwardEpilogue {
     float gm[NormRowWalk::kVals];  // [4u + e]
     w.load_gamma(gm, gamma, W);
     const auto* zp = static_cast<const __nv_bfloat16*>(z.ptr);
-    auto* dzp = static_cast<__nv_bfloat16*>(dz.ptr);
+    auto* dzp = static_cast<Tdz*>(dz.ptr);
+    const auto* addp = static_cast<const Tdz*>(dz_in.ptr);
     constexpr int kR = NormRowWalk::kRows, kU = NormRowWalk::kUnits;
     // Rows in pairs, each pair's z rows and statistics in flight before their first use (one
     // dependent load per row at a time left the epilogue latency-bound; all four rows at once
@@ -126,10 +131,21 @@ struct NormRowsBackwardEpilogue {
         }
         w.backward(t, w.row(k0 + k), gm, xh, g, W, rs[k], dgamma, dbeta);
         if (m >= d.M()) continue;
-        __nv_bfloat16* dst = dzp + pair_offset(dz, m, d.N);
+        Tdz* dst = dzp + pair_offset(dz, m, d.N);
+        // dz_in after the row's math: held across its shuffles it spilled (128 registers)
+        if (addp) {
+          const Tdz* src = addp + pair_offset(dz_in, m, d.N);
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            float add[4];  // dz_in at channels channel(u) .. + 3
+            if (u < W / 32) rows::load4(add, src + w.channel(u), rows::aligned4(src));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) g[4 * u + e] += u < W / 32 ? add[e] : 0.f;
+          }
+        }
 #pragma unroll
         for (int u = 0; u < kU; ++u)
-          if (u < W / 32) rows::store4(dst + w.channel(u), g + 4 * u, rows::aligned8(dst));
+          if (u < W / 32) rows::store4(dst + w.channel(u), g + 4 * u, rows::aligned4(dst));
       }
     }
     w.column_totals(static_cast<float*>(t.extra), dgamma, dbeta, W, param_part + (m0 / Cfg::kBlockM) * 2 * W);

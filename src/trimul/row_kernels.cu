@@ -84,15 +84,24 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   normalize_row<true>(sl, v, W, eps, m, in, xhat, xhat_bf, mean, rstd);
 }
 
+// dz (Tdz) = the row's LayerNorm backward, plus dz_in where given (read first: it may be dz).
+template <class Tdz>
 __global__ void __launch_bounds__(kRowWarps * 32)
     ln_rows_backward_kernel(const float* dxhat, PairRef z, Dims d, const float* mean,
-                            const float* rstd, PairRef dz) {
+                            const float* rstd, PairRef dz, PairRef dz_in) {
   const Slot sl;
   const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock + sl.row;
   const bool in = m < d.M();  // rows past M still join the shuffles (full-warp masks)
   const int W = static_cast<int>(d.C);
   const auto* src = static_cast<const __nv_bfloat16*>(z.ptr) + (in ? pair_offset(z, m, d.N) : 0);
-  auto* dst = static_cast<__nv_bfloat16*>(dz.ptr) + (in ? pair_offset(dz, m, d.N) : 0);
+  auto* dst = static_cast<Tdz*>(dz.ptr) + (in ? pair_offset(dz, m, d.N) : 0);
+  float add[kVals] = {};  // [4u + e] dz_in at channel sl.channel(u) + e
+  if (dz_in.ptr && in) {
+    const Tdz* a = static_cast<const Tdz*>(dz_in.ptr) + pair_offset(dz_in, m, d.N);
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
+      if (u < W / 32) load4(add + 4 * u, a + sl.channel(u), rows::aligned4(a));
+  }
   const float mu = in ? mean[m] : 0.f, rs = in ? rstd[m] : 0.f;
   float xh[kVals] = {}, g[kVals] = {};  // [4u + e] channel sl.channel(u) + e
 #pragma unroll
@@ -108,7 +117,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
     if (u >= W / 32) break;
-    store4(dst + sl.channel(u), g + 4 * u, aligned8(dst));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) g[4 * u + e] += add[4 * u + e];
+    store4(dst + sl.channel(u), g + 4 * u, rows::aligned4(dst));
   }
 }
 
@@ -255,8 +266,11 @@ cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat
 
 cudaError_t ln_rows_backward(const Problem& p, const float* dxhat, const float* mean,
                              const float* rstd, cudaStream_t s) {
-  ln_rows_backward_kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(
-      dxhat, p.z, p.d, mean, rstd, p.dz);
+  if (p.dz_f32)
+    ln_rows_backward_kernel<float><<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(dxhat, p.z, p.d, mean, rstd, p.dz, p.dz_in);
+  else
+    ln_rows_backward_kernel<__nv_bfloat16>
+        <<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(dxhat, p.z, p.d, mean, rstd, p.dz, p.dz_in);
   return cudaGetLastError();
 }
 

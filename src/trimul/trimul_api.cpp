@@ -82,14 +82,15 @@ Status check_saved(const char* op, const TrimulForwardParams& f, size_t need) {
 }
 
 Status check_pointers(const char* op, cudaStream_t stream, const TrimulForwardParams& f,
-                      const TensorView& out, const TensorView& dout, void* ws) {
+                      const TensorView& out, const TensorView& dout, void* ws,
+                      const TensorView& dz_in = TensorView{}) {
   return detail::check_device_pointers(
       op, stream,
       {{"z", f.z.data}, {"mask", f.mask.data}, {"norm_in_weight", f.w.norm_in_weight.data},
        {"p_in_weight", f.w.p_in_weight.data}, {"g_in_weight", f.w.g_in_weight.data},
        {"norm_out_weight", f.w.norm_out_weight.data}, {"p_out_weight", f.w.p_out_weight.data},
        {"g_out_weight", f.w.g_out_weight.data}, {"out", out.data}, {"dout", dout.data},
-       {"workspace", ws}, {"saved", f.saved}});
+       {"workspace", ws}, {"saved", f.saved}, {"dz_in", dz_in.data}});
 }
 
 }  // namespace
@@ -142,10 +143,12 @@ Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t wo
   TPF_RETURN_IF_ERROR(check_workspace(kOp, "trimul_backward_workspace_size", ws.bytes, workspace,
                                       workspace_bytes));
   TPF_RETURN_IF_ERROR(check_saved(kOp, p.fwd, trimul::saved_size(d)));
-  TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p.fwd, p.dz, p.dout, workspace));
+  TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p.fwd, p.dz, p.dout, workspace, p.dz_in));
   trimul::Problem pr = problem_of(p.fwd);
   pr.dout = pair_ref(p.dout);
   pr.dz = pair_ref(p.dz);
+  pr.dz_in = pair_ref(p.dz_in);
+  pr.dz_f32 = p.dz.dtype == DType::kFP32;
   pr.dw = weight_set(p.dw);
   return detail::cuda_status(kOp, trimul::run_backward(pr, ws, p.fwd.saved == nullptr, stream));
 }

@@ -92,11 +92,12 @@ Status check_inputs(const TrimulForwardParams& p, bool for_gpu) {
   return Status::Ok();
 }
 
+// A [B,N,N,C] tensor of z's dtype (or fp32 where fp32_too).
 Status check_output(const Checker& c, const char* arg, const TensorView& t,
-                           const TensorView& z) {
+                           const TensorView& z, bool fp32_too = false) {
   TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"B", z.shape[0]}, {"N", z.shape[1]}, {"N", z.shape[2]},
                                        {"C", z.shape[3]}}));
-  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {z.dtype}));
+  TPF_RETURN_IF_ERROR(fp32_too ? c.dtype(arg, t, {z.dtype, DType::kFP32}) : c.dtype(arg, t, {z.dtype}));
   TPF_RETURN_IF_ERROR(c.unit_last_stride(arg, t));
   return Status::Ok();
 }
@@ -114,8 +115,12 @@ Status validate_trimul_backward(const TrimulBackwardParams& p, bool for_gpu) {
   TPF_RETURN_IF_ERROR(check_inputs(p.fwd, for_gpu));
   const Checker c{"triangle_multiplicative_update_backward"};
   TPF_RETURN_IF_ERROR(check_output(c, "dout", p.dout, p.fwd.z));
-  TPF_RETURN_IF_ERROR(check_output(c, "dz", p.dz, p.fwd.z));
+  TPF_RETURN_IF_ERROR(check_output(c, "dz", p.dz, p.fwd.z, true));
   TPF_RETURN_IF_ERROR(c.writable("dz", p.dz));
+  if (p.dz_in.present()) {
+    TPF_RETURN_IF_ERROR(check_output(c, "dz_in", p.dz_in, p.fwd.z, true));
+    TPF_RETURN_IF_ERROR(c.dtype("dz_in", p.dz_in, {p.dz.dtype}));
+  }
   const TrimulWeights &w = p.fwd.w, &g = p.dw;
   TPF_RETURN_IF_ERROR(check_grad(c, "d_norm_in_weight", g.norm_in_weight, w.norm_in_weight));
   TPF_RETURN_IF_ERROR(check_grad(c, "d_norm_in_bias", g.norm_in_bias, w.norm_in_bias));

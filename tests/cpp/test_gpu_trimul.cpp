@@ -21,6 +21,8 @@ struct TrimulCase {
   bool strided = false;  // z and dout as [B, N, N, C] views of a j-major padded buffer
   int repeats = 2;
   bool saved = true;  // the training path (forward keeps its saved set); false: backward recomputes
+  // dz in fp32 with a residual's gradient added in the call (dz_in): 1 separate, 2 in place
+  int residual = 0;
 };
 
 std::string case_name(const TrimulCase& c) {
@@ -32,6 +34,7 @@ std::string case_name(const TrimulCase& c) {
   n += c.weights == DType::kFP32 ? "_wfp32" : "_wbf16";
   if (c.strided) n += "_strided";
   if (!c.saved) n += "_recompute";
+  if (c.residual) n += c.residual == 2 ? "_dzin_inplace" : "_dzin";
   return n;
 }
 
@@ -61,9 +64,25 @@ TEST_P(GpuTrimul, MatchesFp64Reference) {
   auto ref = harness::trimul_fp64_copy(p);
   ASSERT_TRUE(reference::trimul_forward(ref.fwd()).ok());
   ASSERT_TRUE(reference::trimul_backward(ref.bwd()).ok());
+  if (c.residual) {  // fp32 dz = gradient + an addend of the gradient's size, fresh random
+    double ms = 0;
+    for (double v : ref.dz.values()) ms += v * v;
+    std::mt19937_64 rng(seed + 1);
+    p.dz = HostTensor::make(DType::kFP32, {c.B, c.N, c.N, c.C});
+    p.dz_in = HostTensor::make(DType::kFP32, {c.B, c.N, c.N, c.C});
+    p.dz_in.fill_normal(rng, std::sqrt(ms / ref.dz.values().size()) + 1e-30);
+    p.dz_in_alias = c.residual == 2;
+  }
 
   const auto run = harness::run_trimul_gpu(p, true, c.repeats, c.saved);
   ASSERT_TRUE(run.status.ok()) << run.status.message();
+  if (c.residual) {  // the update's own gradient, to compare with the reference's: only the
+                     // fp32 rounding of the sum is left in it (far below the bf16 floor)
+    std::vector<double> g = p.dz.values();
+    const std::vector<double> add = p.dz_in.values();
+    for (size_t i = 0; i < g.size(); ++i) g[i] -= add[i];
+    p.dz.set_values(g);
+  }
   EXPECT_TRUE(run.deterministic) << "gradients differ between repeated calls";
   const auto err = harness::trimul_errors(p, ref, true);
   std::string line = case_name(c) + " error/floor:";
@@ -99,6 +118,12 @@ std::vector<TrimulCase> cases() {
   v.push_back({1, 333, 32, 32, false, true, true, DType::kBF16, true, 2, false});
   v.push_back({2, 40, 96, 96, false, false, false, DType::kFP32, false, 2, false});
   v.push_back({1, 33, 256, 32, true, true, true, DType::kBF16, false, 2, false});
+  // fp32 dz plus dz_in (a residual's gradient): the fused LayerNorm backward (C = 128, odd N),
+  // in place, strided, and the row kernel's path (C = 256)
+  v.push_back({1, 100, 128, 128, true, true, false, DType::kFP32, false, 2, true, 1});
+  v.push_back({1, 7, 128, 128, false, true, false, DType::kFP32, false, 2, true, 2});
+  v.push_back({1, 33, 64, 64, false, true, true, DType::kBF16, true, 2, true, 1});
+  v.push_back({1, 33, 256, 32, true, true, true, DType::kBF16, false, 2, true, 2});
   return v;
 }
 

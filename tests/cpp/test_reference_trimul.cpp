@@ -117,6 +117,29 @@ TEST(ReferenceTrimul, StridedInputsMatchContiguous) {
   EXPECT_EQ(max_abs_diff(p.dw[2].values(), q.dw[2].values()), 0.0);
 }
 
+// dz_in joins dz exactly (fp64), whether separate or dz itself.
+TEST(ReferenceTrimul, DzInIsAddedToDz) {
+  auto p = TrimulProblem::random(2, 5, 4, 3, 13);
+  ASSERT_TRUE(reference::trimul_backward(p.bwd()).ok());
+  const auto plain = p.dz.values();
+  std::mt19937_64 rng(14);
+  auto q = TrimulProblem::random(2, 5, 4, 3, 13);
+  q.dz_in = HostTensor::make(DType::kFP64, {2, 5, 5, 4});
+  q.dz_in.fill_normal(rng);
+  const auto add = q.dz_in.values();
+  ASSERT_TRUE(reference::trimul_backward(q.bwd()).ok());
+  auto r = TrimulProblem::random(2, 5, 4, 3, 13);
+  r.dz.set_values(add);
+  r.dz_in.view = r.dz.view;  // the same storage: added in place
+  ASSERT_TRUE(reference::trimul_backward(r.bwd()).ok());
+  const auto got = q.dz.values(), in_place = r.dz.values();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(got[i], plain[i] + add[i]);
+    EXPECT_EQ(in_place[i], plain[i] + add[i]);
+  }
+  EXPECT_EQ(max_abs_diff(p.dw[2].values(), q.dw[2].values()), 0.0);
+}
+
 TEST(ReferenceTrimul, WithoutBiasesMatchesZeroBiases) {
   auto p = TrimulProblem::random(1, 4, 3, 2, 11);
   for (int w : {3, 5, 9, 11}) p.w[w].fill(0.0);
