@@ -6,6 +6,8 @@
 //   forward    x = u w_upᵀ (stored in x's dtype), y = silu(a) b from the stored a, b
 //   backward   dy = g w_down (fp32, never stored), then dx = [da | db] and y as the row kernels
 //
+// Accumulator layout (gemm_wgmma.cuh): thread (g = lane / 4, t = lane % 4) of the warp whose
+// 16 rows start at row0 holds acc[4i + 2h + e] at (row0 + g + 8h, column 8i + 2t + e), i < 16.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -19,63 +21,46 @@ namespace {
 using trimul::Cfg;
 using Silu = Act<Gate::kSilu>;
 
-// The tile's fp32 accumulators come staged in shared memory ([128 rows][128 columns],
-// trimul::EpiTile), so each thread stores 16-byte vectors of 8 channels and four lanes write 64
-// contiguous bytes of a row. Walk: lane (r_in = lane % 8, q = lane / 8) of warp w takes
-// channels 8q + 32 (w / kRowWarps) + [0, 8) of rows 8 (kItems (w % kRowWarps) + k) + r_in;
-// its reads of the 129-float tile rows hit every bank once.
-template <int kCols>
-struct ChannelWalk {
-  static constexpr int kColBlocks = kCols / 32, kRowWarps = Cfg::kThreads / 32 / kColBlocks;
-  static constexpr int kItems = Cfg::kBlockM / 8 / kRowWarps;  // rows per lane
-  int r_in, col, warp;
-  __device__ ChannelWalk()
-      : r_in(threadIdx.x % 8), col(((threadIdx.x >> 5) / kRowWarps) * 32 + ((threadIdx.x & 31) / 8) * 8),
-        warp(threadIdx.x >> 5) {}
-  __device__ int row(int k) const { return ((warp % kRowWarps) * kItems + k) * 8 + r_in; }
-};
-
 template <class T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
-  *reinterpret_cast<uint4*>(p) = dev::pack8<T>(v);
-}
-template <class T>
-__device__ __forceinline__ void load8(float (&v)[8], const T* p) {
-  dev::unpack8<T>(v, *reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ void store_pair(T* p, float v0, float v1) {
+  *reinterpret_cast<uint32_t*>(p) = dev::MmaOp<T>::pack(v0, v1);
 }
 
 // The forward's tile: w_up's rows come in 64-row blocks alternating a and b, so the tile's
-// columns [0, 64) are a's channels n0 / 2 + [0, 64) and [64, 128) the same channels of b.
+// columns [0, 64) are a's channels j0 + [0, 64) and [64, 128) the same channels of b: the
+// thread holding a_j (acc[4i + ..], i < 8) holds b_j too (acc[4(i + 8) + ..]).
 template <class T>
 struct ProjectSwigluEpilogue {
   T* x;  // [M, 2H] = [a | b], written
   T* y;  // [M, H], written
   int64_t M, H;
 
-  __device__ void operator()(const trimul::EpiTile& t, int64_t m0, int n0, int) const {
-    const ChannelWalk<64> w;
-    const int64_t j = n0 / 2 + w.col;  // first of the thread's 8 channels
-#pragma unroll 2
-    for (int k = 0; k < w.kItems; ++k) {
-      const int r = w.row(k);
-      const int64_t m = m0 + r;
-      if (m >= M) continue;
-      float a[8], b[8], f[8];  // [e]: channel j + e, a and b as stored (rounded to T)
+  __device__ void wgmma_fragments(const float (&acc)[64], int row0, int64_t m0, int n0, int) const {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        a[e] = dev::to_float(dev::from_float<T>(t.at(r, w.col + e)));
-        b[e] = dev::to_float(dev::from_float<T>(t.at(r, 64 + w.col + e)));
-        f[e] = Silu::value(a[e], sigmoid(a[e])) * b[e];
+    for (int i = 0; i < 8; ++i) {
+      const int64_t j = n0 / 2 + 8 * i + 2 * t;  // a's and b's channel pair j, j + 1
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = m0 + row0 + g + 8 * h;
+        if (m >= M) continue;
+        float a[2], b[2], f[2];  // [e]: channels j + e, as stored (rounded to T)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          a[e] = dev::to_float(dev::from_float<T>(acc[4 * i + 2 * h + e]));
+          b[e] = dev::to_float(dev::from_float<T>(acc[4 * (i + 8) + 2 * h + e]));
+          f[e] = Silu::value(a[e], sigmoid(a[e])) * b[e];
+        }
+        store_pair(x + m * 2 * H + j, a[0], a[1]);
+        store_pair(x + m * 2 * H + H + j, b[0], b[1]);
+        store_pair(y + m * H + j, f[0], f[1]);
       }
-      store8(x + m * 2 * H + j, a);
-      store8(x + m * 2 * H + H + j, b);
-      store8(y + m * H + j, f);
     }
   }
 };
 
 // The backward's tile: dy for channels n0 + [0, 128) of 128 rows; each thread reads its a, b
-// vectors from x and writes da, db and y for them.
+// pairs from x and writes da, db and y for them.
 template <class T>
 struct ProjectSwigluBackwardEpilogue {
   const T* x;  // [M, 2H], the forward's
@@ -83,28 +68,31 @@ struct ProjectSwigluBackwardEpilogue {
   T* y;        // [M, H], written where given
   int64_t M, H;
 
-  __device__ void operator()(const trimul::EpiTile& t, int64_t m0, int n0, int) const {
-    const ChannelWalk<Cfg::kBlockN> w;
-    const int64_t j = n0 + w.col;
-    if (j >= H) return;  // H is a multiple of 64: a thread's 8 channels are all in or all out
-#pragma unroll 2
-    for (int k = 0; k < w.kItems; ++k) {
-      const int r = w.row(k);
-      const int64_t m = m0 + r;
-      if (m >= M) continue;
-      float a[8], b[8], da[8], db[8], f[8];  // [e]: channel j + e
-      load8(a, x + m * 2 * H + j);
-      load8(b, x + m * 2 * H + H + j);
+  __device__ void wgmma_fragments(const float (&acc)[64], int row0, int64_t m0, int n0, int) const {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float dy = t.at(r, w.col + e), s = sigmoid(a[e]), fa = Silu::value(a[e], s);
-        da[e] = dy * b[e] * Silu::slope(a[e], s);
-        db[e] = dy * fa;
-        f[e] = fa * b[e];
+    for (int i = 0; i < Cfg::kBlockN / 8; ++i) {
+      const int64_t j = n0 + 8 * i + 2 * t;
+      if (j >= H) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = m0 + row0 + g + 8 * h;
+        if (m >= M) continue;
+        const float2 a = dev::pair_to_float2<T>(*reinterpret_cast<const uint32_t*>(x + m * 2 * H + j));
+        const float2 b = dev::pair_to_float2<T>(*reinterpret_cast<const uint32_t*>(x + m * 2 * H + H + j));
+        const float av[2] = {a.x, a.y}, bv[2] = {b.x, b.y};
+        float da[2], db[2], f[2];  // [e]: channels j + e
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float dy = acc[4 * i + 2 * h + e], s = sigmoid(av[e]), fa = Silu::value(av[e], s);
+          da[e] = dy * bv[e] * Silu::slope(av[e], s);
+          db[e] = dy * fa;
+          f[e] = fa * bv[e];
+        }
+        store_pair(dx + m * 2 * H + j, da[0], da[1]);
+        store_pair(dx + m * 2 * H + H + j, db[0], db[1]);
+        if (y) store_pair(y + m * H + j, f[0], f[1]);
       }
-      store8(dx + m * 2 * H + j, da);
-      store8(dx + m * 2 * H + H + j, db);
-      if (y) store8(y + m * H + j, f);
     }
   }
 };
