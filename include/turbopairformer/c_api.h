@@ -68,10 +68,9 @@ typedef struct tpf_layer_norm_args {
 } tpf_layer_norm_args;
 #undef TPF_TENSOR_FIELD_
 
-/* SwiGLU (turbopairformer/swiglu.h): x = [a | b], y = silu(a) b; with u, w_up (forward) or
-   g, w_down (backward) the projection on that side runs fused with it. */
+/* SwiGLU (turbopairformer/swiglu.h): x = [a | b], y = silu(a) b. */
 typedef struct tpf_swiglu_args {
-  tpf_tensor x, y, dy, dx, u, w_up, g, w_down;
+  tpf_tensor x, y, dy, dx;
 } tpf_swiglu_args;
 
 /* The sigmoid gate (turbopairformer/gate.h): y = sigmoid(g) o over [R, W] rows. */

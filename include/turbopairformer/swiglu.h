@@ -7,14 +7,6 @@
 // dx = [da | db] in the layout of x (so the stacked projection's backward takes it as one
 // operand) and, where asked, y again (bitwise the forward's), so that a training forward need
 // not keep y for the down projection's weight gradient.
-//
-// On the GPU the projections on either side may run with it, the activation then applied to
-// the GEMM's accumulators (one pass over x each way, none over dy):
-//   forward with u, w_up     x = u w_upᵀ is written (rounded to x's dtype), then y from it
-//   backward with g, w_down  dy = g w_down (fp32, never stored) takes the place of dy
-// w_up's rows are a's and b's in alternating 64-row blocks (a's rows 0-63, b's rows 0-63, a's
-// rows 64-127, ...), so that one output tile holds both halves of its channels; x stays
-// [a | b]. bf16 or fp16, H a multiple of 64, C a multiple of 8.
 #pragma once
 #include "turbopairformer/status.h"
 #include "turbopairformer/tensor.h"
@@ -28,10 +20,6 @@ struct SwigluParams {
   TensorView y;   // [..., H] contiguous, x's dtype; forward: written; backward: optional, written
   TensorView dy;  // backward: [..., H] contiguous, x's dtype
   TensorView dx;  // backward: x's shape and dtype, contiguous, written
-  TensorView u;       // forward, optional: [..., C] with x's leading dims, contiguous, x's dtype
-  TensorView w_up;    // with u: [2H, C] contiguous, x's dtype, rows blocked as above
-  TensorView g;       // backward, optional (then dy absent): [..., C] like u
-  TensorView w_down;  // with g: [C, H] contiguous, x's dtype
 };
 
 Status validate_swiglu(const SwigluParams& p, bool backward, bool for_gpu);

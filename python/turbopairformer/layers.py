@@ -7,10 +7,8 @@ PyTorch's per-op temporaries:
                                           tensor, and takes their gradients back as one
     layer_norm(x, norm)                   norm(x) in the compute dtype (autocast's, else x's)
     swiglu_transition(x, norm, a, b, out) out(silu(a(norm(x))) * b(norm(x))): one stacked up
-                                          GEMM with the activation in its epilogue, the down
-                                          projection's input gradient with the activation's
-                                          backward in its epilogue, and a saved set of
-                                          norm(x) and the up projection only
+                                          GEMM, the activation in one pass each way, and a
+                                          saved set of norm(x) and the up projection only
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
     triangle_attention_layer(x, ...)      a whole TriangleAttention layer (LayerNorm, the stacked
                                           projection, the attention, the sigmoid gate, the
@@ -185,9 +183,8 @@ class _SwiGLUTransition(torch.autograd.Function):
             xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
             wab = torch.cat([wa, wb]).to(cd)  # [2H, C]
             wo_c = wo.to(cd)  # [C, H]
-            H = wa.shape[0]
-            ab, h = _swiglu.project(xn, wab[:H], wab[H:])  # [*, 2H], [*, H]
-            out = F.linear(h, wo_c)  # [*, C]; the activation is not kept
+            ab = F.linear(xn, wab)  # [*, 2H]
+            out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
             if residual:
                 out = residual_add(x, out, scale)
         ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, ab, wab, wo_c, scale)
@@ -199,7 +196,7 @@ class _SwiGLUTransition(torch.autograd.Function):
         x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c, scale = ctx.saved_tensors
         dz = dout if ctx.residual else None
         dout = _branch_grad(dout, scale if ctx.residual else None, ab.dtype)
-        dab, h = _swiglu.project_backward(ab, dout, wo_c)  # [*, 2H]; h = the forward's activation
+        dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
         dwo, _ = _weight_grads(dout, h, ctx.w_dtype, False)
         dwab, _ = _weight_grads(dab, xn, ctx.w_dtype, False)
         dx, dln_w, dln_b = _norm_backward(ctx, dab @ wab, x, ln_w, ln_b, (mean, rstd), dz)

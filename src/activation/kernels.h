@@ -30,19 +30,4 @@ cudaError_t forward(const Shape& s, Rows a, Rows b, Rows y, cudaStream_t st);
 // da = dy b f'(a), db = dy f(a), and y = f(a) b again (bitwise the forward's) where y.p is set.
 cudaError_t backward(const Shape& s, Rows a, Rows b, Rows dy, Rows da, Rows db, Rows y, cudaStream_t st);
 
-// The SwiGLU projections of a transition (swiglu_gemm.cu), bf16 or fp16, every operand
-// contiguous and 16-byte aligned, H a multiple of 64 and C of 8:
-//   project_forward   x = u w_upᵀ ([M, C] by [2H, C] with a's and b's rows in alternating
-//                     64-row blocks, into x = [a | b] of [M, 2H]) and y = silu(a) b ([M, H])
-//   project_backward  dy = g w_down ([M, C] by [C, H], in fp32), then dx = [da | db] ([M, 2H])
-//                     and y again from x
-struct ProjectShape {
-  int64_t M, C, H;
-  DType dtype;
-};
-cudaError_t project_forward(const ProjectShape& s, const void* u, const void* w_up, void* x, void* y,
-                            cudaStream_t st);
-cudaError_t project_backward(const ProjectShape& s, const void* g, const void* w_down, const void* x, void* dx,
-                             void* y, cudaStream_t st);
-
 }  // namespace tpf::act

@@ -68,9 +68,7 @@ tpf::LayerNormBackwardParams layer_norm_backward_params(const tpf_layer_norm_arg
 
 #undef TPF_VIEW_
 
-tpf::SwigluParams swiglu_params(const tpf_swiglu_args& a) {
-  return {view(a.x), view(a.y), view(a.dy), view(a.dx), view(a.u), view(a.w_up), view(a.g), view(a.w_down)};
-}
+tpf::SwigluParams swiglu_params(const tpf_swiglu_args& a) { return {view(a.x), view(a.y), view(a.dy), view(a.dx)}; }
 
 tpf::SigmoidGateParams sigmoid_gate_params(const tpf_sigmoid_gate_args& a) {
   return {view(a.g), view(a.o), view(a.y), view(a.dy), view(a.dg), view(a.d_o)};
@@ -114,8 +112,6 @@ const tpf_abi_field kAbiFields[] = {
     {"tpf_swiglu_args", "", "struct", 0, sizeof(tpf_swiglu_args)},
     TPF_ROW_(tpf_swiglu_args, x, "tensor") TPF_ROW_(tpf_swiglu_args, y, "tensor")
     TPF_ROW_(tpf_swiglu_args, dy, "tensor") TPF_ROW_(tpf_swiglu_args, dx, "tensor")
-    TPF_ROW_(tpf_swiglu_args, u, "tensor") TPF_ROW_(tpf_swiglu_args, w_up, "tensor")
-    TPF_ROW_(tpf_swiglu_args, g, "tensor") TPF_ROW_(tpf_swiglu_args, w_down, "tensor")
     {"tpf_sigmoid_gate_args", "", "struct", 0, sizeof(tpf_sigmoid_gate_args)},
     TPF_ROW_(tpf_sigmoid_gate_args, g, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, o, "tensor")
     TPF_ROW_(tpf_sigmoid_gate_args, y, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, dy, "tensor")
