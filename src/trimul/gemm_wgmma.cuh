@@ -43,16 +43,6 @@ template <class Epi>
 struct HasWgmmaFragments<Epi, std::void_t<decltype(std::declval<const Epi&>().wgmma_fragments(
                                   std::declval<const float (&)[64]>(), 0, int64_t{0}, 0, 0))>> : std::true_type {};
 
-// An epilogue may define `void l2_prefetch(int64_t m0, int n0, int z)`: every thread calls it
-// before the main loop, so that the rows the epilogue reads from global memory (besides the
-// accumulators) are on their way to L2 while the tile's products run (prefetch hints, no
-// registers held, no shared memory).
-template <class Epi, class = void>
-struct HasL2Prefetch : std::false_type {};
-template <class Epi>
-struct HasL2Prefetch<Epi, std::void_t<decltype(std::declval<const Epi&>().l2_prefetch(int64_t{0}, 0, 0))>>
-    : std::true_type {};
-
 // One more KB than the mma.sync kernel: the stages start on a 1024-byte boundary (the swizzle
 // pattern's period), wherever the dynamic shared window begins.
 constexpr int kWgmmaSmemBytes = kGemmSmemBytes + 1024;
@@ -68,7 +58,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   const StageLoader<T, AM, BMJ, true> ld(smem, A, B, s, bt);
   const int wg = threadIdx.x / 128;  // warpgroup: A rows [64 wg, 64 wg + 64)
   float acc[64] = {};                // [4 n8 + c]: the wgmma accumulator layout (common/wgmma.cuh)
-  if constexpr (HasL2Prefetch<Epi>::value) epi.l2_prefetch(bt.m0, bt.n0, bt.z);
 
 #pragma unroll
   for (int st = 0; st < Cfg::kStages - 1; ++st) {

@@ -91,22 +91,6 @@ struct NormRowsBackwardEpilogue {
   PairRef z;          // bf16
   PairRef dz, dz_in;  // Tdz; dz_in.ptr nullptr: nothing added
   float* param_part;  // [m-tiles][2C]: d gamma then d beta of the tile's rows
-
-  // The tile's z rows (thread r < 128) and dz_in rows (thread 128 + r) toward L2 during the
-  // long-K main loop: read only after the row math, their DRAM latency was exposed.
-  __device__ void l2_prefetch(int64_t m0, int, int) const {
-    const int r = threadIdx.x % Cfg::kBlockM;
-    const bool add = threadIdx.x >= Cfg::kBlockM;
-    const int64_t m = m0 + r;
-    if (m >= d.M() || (add && !dz_in.ptr)) return;
-    const char* row = add ? reinterpret_cast<const char*>(static_cast<const Tdz*>(dz_in.ptr) + pair_offset(dz_in, m, d.N))
-                          : reinterpret_cast<const char*>(static_cast<const __nv_bfloat16*>(z.ptr) + pair_offset(z, m, d.N));
-    const int64_t bytes = d.C * (add ? sizeof(Tdz) : sizeof(__nv_bfloat16));
-    for (uintptr_t p = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{127}; p < reinterpret_cast<uintptr_t>(row) + bytes;
-         p += 128)
-      dev::prefetch_l2(reinterpret_cast<const void*>(p));
-  }
-
   __device__ void operator()(const EpiTile& t, int64_t m0, int, int) const {
     const NormRowWalk w;
     const int W = static_cast<int>(d.C);
@@ -183,16 +167,6 @@ struct NormChannelMajorBackwardEpilogue {
   static constexpr int kGroups8 = Cfg::kBlockM / 8;  // 8-pixel groups of the tile
 
   __device__ static int swizzled(int c, int p) { return c * Cfg::kBlockM + (p ^ (((c >> 2) & 7) << 3)); }
-
-  // The tile's x (channel c's 128 pixels: thread c, its first and last line) toward L2 during
-  // the long-K main loop.
-  __device__ void l2_prefetch(int64_t m0, int, int) const {
-    const int c = threadIdx.x;
-    if (c >= d.Ch || m0 >= d.M()) return;
-    const int64_t last = min(m0 + Cfg::kBlockM, d.M()) - 1;
-    dev::prefetch_l2(x + cm_offset(d, m0, 0) + c * d.plane());
-    dev::prefetch_l2(x + cm_offset(d, last, 0) + c * d.plane());
-  }
 
   __device__ void operator()(const EpiTile& t, int64_t m0, int, int) const {
     const int W = static_cast<int>(d.Ch);
