@@ -37,6 +37,8 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
                "l"(gmem), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// A hint: the 128-byte line holding p toward L2 (no register or ordering effect).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 // The copies landed: "memory" keeps the compiler from moving shared-memory reads above the wait.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
