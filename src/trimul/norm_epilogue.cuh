@@ -119,8 +119,8 @@ struct NormRowsBackwardEpilogue {
         for (int u = 0; u < kU; ++u) zr[k][u] = in && u < W / 32 ? load4_raw(src + w.channel(u)) : make_uint2(0, 0);
         // dz_in's row toward L2 now, read after the row's math: lane l8 its 128-byte line l8 (a
         // row of 128 fp32 channels is four lines), no registers held meanwhile
-        if (addp && in && w.l8 * (128 / sizeof(Tdz)) < W)
-          dev::prefetch_l2(addp + pair_offset(dz_in, m, d.N) + w.l8 * (128 / sizeof(Tdz)));
+        constexpr size_t kLine = 128 / sizeof(Tdz);  // elements of a line
+        if (addp && in && w.l8 * kLine < W) dev::prefetch_l2(addp + pair_offset(dz_in, m, d.N) + w.l8 * kLine);
       }
 #pragma unroll
       for (int k = 0; k < kB; ++k) {
