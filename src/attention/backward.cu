@@ -12,8 +12,7 @@
 //   of a (slice group, query tile) one after another in key-tile order, handed on by a
 //   release/acquire turn counter: a fixed order, no float atomics, O(B S H N D) memory. With C = 2
 //   chains (D = 32, N <= 640: tile_config.h) the even and the odd key tiles form two such chains
-//   into two buffers, which dq_finalize adds in chain order; with one chain the last key tile
-//   writes dq itself.
+//   into two buffers, which dq_finalize adds in chain order.
 // Roles meet at named barriers (BwdBarrier). With sDq in kDqStages stages the math can run that
 // many steps ahead of the turn, and the two dQ warps keep two steps' turn chains in flight.
 #include <cuda_runtime.h>
@@ -239,17 +238,9 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
   const int pos = k.chain_pos();
   const bool last = k.chain_last();
   constexpr int kStages = BwdConfig<D>::kDqStages;
-  // With one chain, the last key tile rounds the finished sum into dq itself (scaled, as
-  // dq_finalize would: the same bits), so the sum is never stored in fp32 nor read back.
-  const bool to_dq = C == 1 && last;
   struct DqChunk {
-    float* g;  // the chain's fp32 sum: [member m][row q] at g + m dq_slice_stride + q D
+    float* g;
     int tile_off, rows_left, members;
-  };
-  // dq (to_dq) of virtual thread vt: [member m][row q] at dq_out(..) + m dq.ss + q dq.sn; made at
-  // the store, so that the helper's registers hold one pointer a chunk.
-  auto dq_out = [&](int vt, int sg, int qi) {
-    return slice_ptr_mut<T>(a.dq, k.b, sg * G, k.h) + (qi * BQ + vt / (D / 4)) * a.dq.sn + 4 * (vt % (D / 4));
   };
   auto dq_chunk = [&](int vt, int sg, int qi) {
     const int r0 = vt / (D / 4), c = 4 * (vt % (D / 4));
@@ -262,64 +253,49 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
   // cp.async round trip for the whole tile into shared memory measured no faster: perf-notes v12).
   constexpr int kVB = kDqIters >= 8 ? 1 : 8 / kDqIters;
   static_assert(kVirt % kVB == 0, "whole batches");
-  // The step loop in two forms, chosen once: the one that rounds into dq keeps its registers
-  // apart from the one that stores the fp32 sum (one loop with a runtime branch spilled).
-  auto walk = [&](auto to_dq_c) {
-    constexpr bool kToDq = decltype(to_dq_c)::value;
-    for (int gs = w; gs < k.steps; gs += 2) {
-      const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
-      const int stage = gs % kStages;
-      const float* dq = k.sDq + stage * G * BQ * DP;
-      dev::bar_sync(kBarDoneQ + stage, B::kWith1);  // sDq[stage] holds step gs
-      // Wait for the turn: the key tiles before this one have stored theirs.
-      if (pos > 0 && lane == 0)
-        while (dev::ld_acquire_gpu(k.turn_of(sg, qi)) != pos) __nanosleep(32);
-      __syncwarp();
-  #pragma unroll 1
-      for (int v0 = 0; v0 < kVirt; v0 += kVB) {
-        DqChunk ch[kVB];
-        float4 old[kVB][kDqIters];
-  #pragma unroll
-        for (int u = 0; u < kVB; ++u) {
-          ch[u] = dq_chunk(lane + 32 * (v0 + u), sg, qi);
-  #pragma unroll
-          for (int it = 0; it < kDqIters; ++it) {
-            const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this lane's row
-            old[u][it] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (pos > 0 && m < ch[u].members && q < ch[u].rows_left)
-              old[u][it] = __ldcg(reinterpret_cast<const float4*>(ch[u].g + m * dq_slice_stride + q * D));
-          }
-        }
-  #pragma unroll
-        for (int u = 0; u < kVB; ++u) {
-          T* out = kToDq ? dq_out(lane + 32 * (v0 + u), sg, qi) : nullptr;
-  #pragma unroll
-          for (int it = 0; it < kDqIters; ++it) {
-            const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;
-            if (m >= ch[u].members || q >= ch[u].rows_left) continue;
-            const float4 o = old[u][it];
-            float4 v4 = *reinterpret_cast<const float4*>(dq + (m * BQ + q) * DP + ch[u].tile_off);
-            if (pos > 0) v4 = make_float4(o.x + v4.x, o.y + v4.y, o.z + v4.z, o.w + v4.w);  // earlier tiles first
-            if constexpr (kToDq) {
-              using Mma = dev::MmaOp<T>;
-              *reinterpret_cast<uint2*>(out + m * a.dq.ss + q * a.dq.sn) =
-                  make_uint2(Mma::pack(v4.x * a.scale, v4.y * a.scale), Mma::pack(v4.z * a.scale, v4.w * a.scale));
-            } else {
-              *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
-            }
-          }
+  for (int gs = w; gs < k.steps; gs += 2) {
+    const int sg = k.group_of(gs), qi = k.query_tile_of(gs);
+    const int stage = gs % kStages;
+    const float* dq = k.sDq + stage * G * BQ * DP;
+    dev::bar_sync(kBarDoneQ + stage, B::kWith1);  // sDq[stage] holds step gs
+    // Wait for the turn: the key tiles before this one have stored theirs.
+    if (pos > 0 && lane == 0)
+      while (dev::ld_acquire_gpu(k.turn_of(sg, qi)) != pos) __nanosleep(32);
+    __syncwarp();
+#pragma unroll 1
+    for (int v0 = 0; v0 < kVirt; v0 += kVB) {
+      DqChunk ch[kVB];
+      float4 old[kVB][kDqIters];
+#pragma unroll
+      for (int u = 0; u < kVB; ++u) {
+        ch[u] = dq_chunk(lane + 32 * (v0 + u), sg, qi);
+#pragma unroll
+        for (int it = 0; it < kDqIters; ++it) {
+          const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;  // + this lane's row
+          old[u][it] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (pos > 0 && m < ch[u].members && q < ch[u].rows_left)
+            old[u][it] = __ldcg(reinterpret_cast<const float4*>(ch[u].g + m * dq_slice_stride + q * D));
         }
       }
-      if (gs + kStages < k.steps) dev::bar_arrive(kBarDqFree + stage, B::kWith1);  // sDq[stage] read
-      // Publish the stores: __syncwarp orders the other lanes' stores before lane 0's gpu-scope
-      // release, which is cumulative, so no separate fence is needed (a __threadfence there cost
-      // ~1300 cycles a step when the math warps did this: perf-notes v11).
-      __syncwarp();
-      if (lane == 0 && !last) dev::st_release_gpu(k.turn_of(sg, qi), pos + 1);
+#pragma unroll
+      for (int u = 0; u < kVB; ++u)
+#pragma unroll
+        for (int it = 0; it < kDqIters; ++it) {
+          const int m = it * kDqRows / BQ, q = it * kDqRows % BQ;
+          if (m >= ch[u].members || q >= ch[u].rows_left) continue;
+          const float4 o = old[u][it];
+          float4 v4 = *reinterpret_cast<const float4*>(dq + (m * BQ + q) * DP + ch[u].tile_off);
+          if (pos > 0) v4 = make_float4(o.x + v4.x, o.y + v4.y, o.z + v4.z, o.w + v4.w);  // earlier tiles first
+          *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
+        }
     }
-  };
-  if (to_dq) walk(std::true_type{});
-  else walk(std::false_type{});
+    if (gs + kStages < k.steps) dev::bar_arrive(kBarDqFree + stage, B::kWith1);  // sDq[stage] read
+    // Publish the stores: __syncwarp orders the other lanes' stores before lane 0's gpu-scope
+    // release, which is cumulative, so no separate fence is needed (a __threadfence there cost
+    // ~1300 cycles a step when the math warps did this: perf-notes v11).
+    __syncwarp();
+    if (lane == 0 && !last) dev::st_release_gpu(k.turn_of(sg, qi), pos + 1);
+  }
 }
 
 // Math warps: quad `quad` computes slice sg * G + quad of every step: P^T recomputed once from

@@ -93,9 +93,7 @@ struct BwdConfig {
   // With one quad (256 threads) every thread already gets 255: no split.
   static constexpr bool kSplitRegs = kThreads > 256;
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168 at 384 threads
-  // The helper's share: the most that leaves the math warps 200 at 384 threads (the dQ warps'
-  // two step-loop forms, backward.cu, fit it without spills at D <= 32; D = 64 spills 24 bytes).
-  static constexpr int kHelperRegs = 104;
+  static constexpr int kHelperRegs = 96;  // the least at which the helper's dQ warps do not spill
   static constexpr int kMathRegs =
       ((kLaunchRegs * kThreads - kHelperRegs * kHelperThreads) / kMathThreads) / 8 * 8;
   static_assert(!kSplitRegs || (kMathRegs <= 256 && kHelperRegs >= 24), "setmaxnreg range");
