@@ -83,6 +83,13 @@ typedef struct tpf_residual_args {
   tpf_tensor z, u, scale, out, dout, du;
 } tpf_residual_args;
 
+/* The fused SwiGLU transition forward (turbopairformer/transition.h). */
+typedef struct tpf_transition_args {
+  tpf_tensor x, ln_w, ln_b, w_ab, w_o, scale, out, xhat, mean, rstd;
+  double eps;
+  int32_t residual;
+} tpf_transition_args;
+
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
  * (the Python package builds its ctypes structs from this table and checks their layout):
  * one row per field, in order. kind: "tensor", "tensor[12]", "f64", "i32", "ptr", "size", or
@@ -124,6 +131,8 @@ TPF_C_API int tpf_swiglu_forward(const tpf_swiglu_args* a, int32_t on_gpu, void*
                                  size_t err_len);
 TPF_C_API int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, char* err,
                                   size_t err_len);
+TPF_C_API int tpf_transition_forward(const tpf_transition_args* a, int32_t on_gpu, void* stream, char* err,
+                                     size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_forward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
                                        size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,

@@ -7,6 +7,7 @@
 #include "turbopairformer/layer_norm.h"
 #include "turbopairformer/residual.h"
 #include "turbopairformer/swiglu.h"
+#include "turbopairformer/transition.h"
 #include "turbopairformer/trimul.h"
 
 namespace tpf::reference {
@@ -35,5 +36,7 @@ Status sigmoid_gate_backward(const SigmoidGateParams& p);
 // Writes out / du.
 Status residual_forward(const ResidualParams& p);
 Status residual_backward(const ResidualParams& p);
+// The transition in FP64 with no intermediate rounding (out, xhat, mean, rstd where present).
+Status transition_forward(const TransitionParams& p);
 
 }  // namespace tpf::reference

@@ -8,6 +8,7 @@
 #include "turbopairformer/reference.h"
 #include "turbopairformer/status.h"
 #include "turbopairformer/tensor.h"
+#include "turbopairformer/transition.h"
 #include "turbopairformer/trimul.h"
 
 namespace tpf {

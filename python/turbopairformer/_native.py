@@ -85,6 +85,7 @@ TpfLayerNormArgs = _struct("tpf_layer_norm_args", _KINDS)
 TpfSwigluArgs = _struct("tpf_swiglu_args", _KINDS)
 TpfSigmoidGateArgs = _struct("tpf_sigmoid_gate_args", _KINDS)
 TpfResidualArgs = _struct("tpf_residual_args", _KINDS)
+TpfTransitionArgs = _struct("tpf_transition_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
@@ -101,6 +102,8 @@ def _signatures(lib) -> None:
     rargs = ctypes.POINTER(TpfResidualArgs)
     lib.tpf_residual_forward.argtypes = (rargs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_residual_backward.argtypes = lib.tpf_residual_forward.argtypes
+    targs_ = ctypes.POINTER(TpfTransitionArgs)
+    lib.tpf_transition_forward.argtypes = (targs_, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -156,6 +159,7 @@ def _signatures(lib) -> None:
         lib.tpf_sigmoid_gate_backward,
         lib.tpf_residual_forward,
         lib.tpf_residual_backward,
+        lib.tpf_transition_forward,
     ):
         f.restype = ctypes.c_int
 

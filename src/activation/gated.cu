@@ -5,6 +5,7 @@
 
 #include <type_traits>
 
+#include "activation/gate_math.cuh"
 #include "activation/kernels.h"
 #include "common/mma.cuh"
 
@@ -29,25 +30,6 @@ template <class T>
 __device__ __forceinline__ void store(T* p, const Vec<T>& r) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(r.v);
 }
-
-// 1 / (1 + e^-a) in fp32: exact in both tails to fp32's relative precision (a saturated gate
-// keeps its digits), where 0.5 tanh(a / 2) + 0.5 would not.
-__device__ __forceinline__ float sigmoid(float a) { return 1.f / (1.f + __expf(-a)); }
-
-// f(a) and f'(a) from a and s = sigmoid(a). The forward and the backward's recomputed y both
-// call value(), so the two round identically.
-template <Gate G>
-struct Act;
-template <>
-struct Act<Gate::kSilu> {
-  static __device__ __forceinline__ float value(float a, float s) { return a * s; }
-  static __device__ __forceinline__ float slope(float a, float s) { return s * (1.f + a * (1.f - s)); }
-};
-template <>
-struct Act<Gate::kSigmoid> {
-  static __device__ __forceinline__ float value(float, float s) { return s; }
-  static __device__ __forceinline__ float slope(float, float s) { return s * (1.f - s); }
-};
 
 template <class T>
 struct Ptr {  // a typed operand: row r, element j at p[r * stride + j]

@@ -78,6 +78,14 @@ tpf::ResidualParams residual_params(const tpf_residual_args& a) {
   return {view(a.z), view(a.u), view(a.scale), view(a.out), view(a.dout), view(a.du)};
 }
 
+tpf::TransitionParams transition_params(const tpf_transition_args& a) {
+  tpf::TransitionParams p;
+  p.x = view(a.x), p.ln_w = view(a.ln_w), p.ln_b = view(a.ln_b), p.w_ab = view(a.w_ab), p.w_o = view(a.w_o);
+  p.scale = view(a.scale), p.out = view(a.out), p.xhat = view(a.xhat), p.mean = view(a.mean), p.rstd = view(a.rstd);
+  p.eps = static_cast<float>(a.eps), p.residual = a.residual != 0;
+  return p;
+}
+
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -120,6 +128,13 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_residual_args, z, "tensor") TPF_ROW_(tpf_residual_args, u, "tensor")
     TPF_ROW_(tpf_residual_args, scale, "tensor") TPF_ROW_(tpf_residual_args, out, "tensor")
     TPF_ROW_(tpf_residual_args, dout, "tensor") TPF_ROW_(tpf_residual_args, du, "tensor")
+    {"tpf_transition_args", "", "struct", 0, sizeof(tpf_transition_args)},
+    TPF_ROW_(tpf_transition_args, x, "tensor") TPF_ROW_(tpf_transition_args, ln_w, "tensor")
+    TPF_ROW_(tpf_transition_args, ln_b, "tensor") TPF_ROW_(tpf_transition_args, w_ab, "tensor")
+    TPF_ROW_(tpf_transition_args, w_o, "tensor") TPF_ROW_(tpf_transition_args, scale, "tensor")
+    TPF_ROW_(tpf_transition_args, out, "tensor") TPF_ROW_(tpf_transition_args, xhat, "tensor")
+    TPF_ROW_(tpf_transition_args, mean, "tensor") TPF_ROW_(tpf_transition_args, rstd, "tensor")
+    TPF_ROW_(tpf_transition_args, eps, "f64") TPF_ROW_(tpf_transition_args, residual, "i32")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -247,6 +262,13 @@ int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void* stream, 
   const auto p = swiglu_params(*a);
   return report(on_gpu ? tpf::swiglu_backward(p, static_cast<cudaStream_t>(stream))
                        : tpf::reference::swiglu_backward(p),
+                err, err_len);
+}
+
+int tpf_transition_forward(const tpf_transition_args* a, int32_t on_gpu, void* stream, char* err, size_t err_len) {
+  const auto p = transition_params(*a);
+  return report(on_gpu ? tpf::transition_forward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::transition_forward(p),
                 err, err_len);
 }
 

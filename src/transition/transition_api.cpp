@@ -1,0 +1,110 @@
+// The fused transition forward: validation and the CUDA entry point.
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/validate.h"
+#include "transition/kernels.h"
+#include "turbopairformer/transition.h"
+
+namespace tpf {
+namespace {
+
+using detail::Checker;
+
+int64_t rows_of(const TensorView& x) { return x.rank ? x.numel() / x.shape[x.rank - 1] : 0; }
+
+// t holds one value a row of x (x's leading dims, or any shape of that many elements), fp32.
+Status check_per_row(const Checker& c, const char* arg, const TensorView& t, const TensorView& x) {
+  TPF_RETURN_IF_ERROR(c.present(arg, t));
+  if (t.numel() != rows_of(x))
+    return c.fail(arg, "must hold one value per row of x (" + std::to_string(rows_of(x)) + "), got shape " +
+                           detail::shape_string(t));
+  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {DType::kFP32}));
+  return c.contiguous(arg, t);
+}
+
+// t has x's shape, the given dtype, contiguous and 16-byte aligned; an output when `out`.
+Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, DType dtype) {
+  TPF_RETURN_IF_ERROR(c.present(arg, t));
+  bool same = t.rank == x.rank;
+  for (int i = 0; same && i < x.rank; ++i) same = t.shape[i] == x.shape[i];
+  if (!same) return c.fail(arg, "must have x's shape " + detail::shape_string(x) + ", got " + detail::shape_string(t));
+  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {dtype}));
+  TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
+  return c.aligned(arg, t, 16);
+}
+
+}  // namespace
+
+Status validate_transition(const TransitionParams& p, bool for_gpu) {
+  const Checker c{"transition"};
+  (void)for_gpu;  // one form: the op exists on the GPU only
+  TPF_RETURN_IF_ERROR(c.present("x", p.x));
+  if (p.x.rank < 1) return c.fail("x", "must have at least one dimension [..., C]");
+  const int64_t C = p.x.shape[p.x.rank - 1];
+  if (C != transition::kC)
+    return c.fail("x", "channels C=" + std::to_string(C) + " are not built; supported: C = 128 (c_z)",
+                  StatusCode::kUnsupported);
+  TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16}));
+  TPF_RETURN_IF_ERROR(c.contiguous("x", p.x));
+  TPF_RETURN_IF_ERROR(c.aligned("x", p.x, 16));
+  if (rows_of(p.x) > (int64_t{1} << 31) - 128)
+    return c.fail("x", "more than 2^31 - 128 rows: the tensor maps index rows in 32 bits", StatusCode::kUnsupported);
+  for (const auto& [name, t] : {std::pair{"ln_w", &p.ln_w}, std::pair{"ln_b", &p.ln_b}})
+    if (t->present()) {
+      TPF_RETURN_IF_ERROR(c.shape(name, *t, {{"C", C}}));
+      TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kFP32}));
+      TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
+    }
+  TPF_RETURN_IF_ERROR(c.shape("w_ab", p.w_ab, {{"2H", -1}, {"C", C}}));
+  const int64_t H = p.w_ab.shape[0] / 2;
+  if (p.w_ab.shape[0] % 2 || H % transition::kChunk || H > (int64_t{1} << 20))
+    return c.fail("w_ab", "rows 2H=" + std::to_string(p.w_ab.shape[0]) + " are not built; supported: H a multiple of 64",
+                  StatusCode::kUnsupported);
+  TPF_RETURN_IF_ERROR(c.shape("w_o", p.w_o, {{"C", C}, {"H", H}}));
+  for (const auto& [name, t] : {std::pair{"w_ab", &p.w_ab}, std::pair{"w_o", &p.w_o}}) {
+    TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kBF16}));
+    TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
+    TPF_RETURN_IF_ERROR(c.aligned(name, *t, 16));
+  }
+  if (p.scale.present()) {
+    if (!p.residual) return c.fail("scale", "applies to the residual update only (residual = true)");
+    TPF_RETURN_IF_ERROR(check_per_row(c, "scale", p.scale, p.x));
+  }
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "out", p.out, p.x, p.residual ? p.x.dtype : DType::kBF16));
+  if (p.xhat.present()) TPF_RETURN_IF_ERROR(check_rows_like(c, "xhat", p.xhat, p.x, DType::kBF16));
+  for (const auto& [name, t] : {std::pair{"mean", &p.mean}, std::pair{"rstd", &p.rstd}})
+    if (t->present()) TPF_RETURN_IF_ERROR(check_per_row(c, name, *t, p.x));
+  return Status::Ok();
+}
+
+Status transition_forward(const TransitionParams& p, cudaStream_t stream) {
+  constexpr const char* kOp = "transition";
+  TPF_RETURN_IF_ERROR(validate_transition(p, true));
+  TPF_RETURN_IF_ERROR(detail::check_device_pointers(
+      kOp, stream, {{"x", p.x.data}, {"ln_w", p.ln_w.data}, {"ln_b", p.ln_b.data}, {"w_ab", p.w_ab.data},
+                    {"w_o", p.w_o.data}, {"scale", p.scale.data}, {"out", p.out.data}, {"xhat", p.xhat.data},
+                    {"mean", p.mean.data}, {"rstd", p.rstd.data}}));
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major != 9)
+    return Status(StatusCode::kUnsupported, "tpf.transition: the fused kernel needs an sm_90 GPU (wgmma, TMA)");
+  const transition::FwdArgs a{rows_of(p.x),
+                              static_cast<int>(p.w_ab.shape[0] / 2),
+                              p.x.data,
+                              p.x.dtype,
+                              static_cast<const float*>(p.ln_w.data),
+                              static_cast<const float*>(p.ln_b.data),
+                              p.eps,
+                              static_cast<const __nv_bfloat16*>(p.w_ab.data),
+                              static_cast<const __nv_bfloat16*>(p.w_o.data),
+                              static_cast<const float*>(p.scale.data),
+                              p.residual,
+                              p.out.data,
+                              static_cast<__nv_bfloat16*>(p.xhat.data),
+                              static_cast<float*>(p.mean.data),
+                              static_cast<float*>(p.rstd.data)};
+  return detail::cuda_status(kOp, transition::forward(a, stream));
+}
+
+}  // namespace tpf
