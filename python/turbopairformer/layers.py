@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import _gate, _norm, _residual, _swiglu, attention
+from . import _gate, _norm, _residual, _swiglu, _transition, attention
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -180,13 +180,19 @@ class _SwiGLUTransition(torch.autograd.Function):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x = x.contiguous()
-            xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
             wab = torch.cat([wa, wb]).to(cd)  # [2H, C]
             wo_c = wo.to(cd)  # [C, H]
-            ab = F.linear(xn, wab)  # [*, 2H]
-            out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
-            if residual:
-                out = residual_add(x, out, scale)
+            if _norm.gpu_supported(x, ln_w, cd) and _transition.supported(
+                x, wab, cd, scale if residual else None
+            ):  # one kernel, the [*, 2H] activation on chip; the backward recomputes it
+                out, xn, *stats = _transition.forward(x, ln_w, ln_b, eps, wab, wo_c, residual, scale)
+                ctx.on_kernel, ab = True, None
+            else:
+                xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
+                ab = F.linear(xn, wab)  # [*, 2H]
+                out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
+                if residual:
+                    out = residual_add(x, out, scale)
         ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, ab, wab, wo_c, scale)
         ctx.eps, ctx.w_dtype, ctx.residual = eps, wa.dtype, residual
         return out
@@ -195,6 +201,8 @@ class _SwiGLUTransition(torch.autograd.Function):
     def backward(ctx, dout):
         x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c, scale = ctx.saved_tensors
         dz = dout if ctx.residual else None
+        if ab is None:
+            ab = F.linear(xn, wab)  # the fused forward's activation, recomputed
         dout = _branch_grad(dout, scale if ctx.residual else None, ab.dtype)
         dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
         dwo, _ = _weight_grads(dout, h, ctx.w_dtype, False)
