@@ -14,32 +14,17 @@
 // Floor at N = 768 (589,824 rows, H = 512): 196,608 multiply-adds a row, 232 GFLOP, 0.29 ms
 // at the ~790 TFLOP/s measured on random data; x read, out (fp32) and xhat written, 0.75 GB,
 // 0.17 ms at 4.3 TB/s. The weights (384 KB) are read from L2 once a tile: ~3 KB a row.
-#include <cuda.h>
-
 #include "activation/gate_math.cuh"
 #include "common/kernel_attrs.h"
-#include "common/mma.cuh"
 #include "common/row_math.cuh"
-#include "common/swizzle.cuh"
-#include "common/tma.cuh"
-#include "common/tma.h"
 #include "common/warp_roles.cuh"
-#include "common/wgmma.cuh"
-#include "transition/kernels.h"
+#include "transition/parts.cuh"
 
 namespace tpf::transition {
 namespace {
 
-using bf16 = __nv_bfloat16;
-
-constexpr int kRows = 128;  // rows of a tile: two warpgroups of 64
-constexpr int kThreads = 256;
-constexpr int kGroupLanes = rows::kGroupLanes;            // lanes of a row in the row passes
-constexpr int kRowsPerPass = 128 / kGroupLanes;           // rows a warpgroup covers in one pass
-constexpr uint32_t kHalf = kRows * 64 * 2;                // [128 rows][64] bf16, 128B-swizzled: 16 KB
-constexpr uint32_t kAbStage = 2 * kHalf;                  // [2 k halves][64 a rows | 64 b rows][64]
-constexpr uint32_t kOStage = kC * kChunk * 2;             // [128 c][64 hidden units]
-static_assert(2 * kChunk == 128 && kC == 128, "one chunk's a | b is one m64n128 accumulator");
+constexpr int kGroupLanes = rows::kGroupLanes;   // lanes of a row in the row passes
+constexpr int kRowsPerPass = 128 / kGroupLanes;  // rows a warpgroup covers in one pass
 
 // Shared memory, byte offsets from a 1024-byte aligned base (the 128-byte swizzle's period).
 template <class Tx>
@@ -57,38 +42,20 @@ struct Maps {
   CUtensorMap x, w_ab, w_o;
 };
 
-// The TMA issues of one thread: a tile of x, chunk q % nch of W_ab or of W_o into stage q % 2.
 template <class Tx>
-struct Loads {
-  using L = Layout<Tx>;
-  const Maps& m;
-  uint32_t base;
-  int H, nch;
-  __device__ uint32_t bar(int i) const { return base + L::bars + 8 * i; }
-  __device__ void x(int64_t tile) const {
-    dev::mbar_arrive_expect_tx(bar(0), kRows * kC * sizeof(Tx));
-    dev::tma_load_2d(base + L::x, &m.x, bar(0), 0, static_cast<int>(tile * kRows));
-  }
-  __device__ void ab(int q) const {
-    const int j = q % nch, s = q & 1;
-    const uint32_t dst = base + L::ab + s * kAbStage;
-    dev::mbar_arrive_expect_tx(bar(1 + s), kAbStage);
-#pragma unroll
-    for (int kh = 0; kh < 2; ++kh) {
-      dev::tma_load_2d(dst + kh * kHalf, &m.w_ab, bar(1 + s), 64 * kh, j * kChunk);
-      dev::tma_load_2d(dst + kh * kHalf + kHalf / 2, &m.w_ab, bar(1 + s), 64 * kh, H + j * kChunk);
-    }
-  }
-  __device__ void o(int q) const {
-    const int j = q % nch, s = q & 1;
-    dev::mbar_arrive_expect_tx(bar(3 + s), kOStage);
-    dev::tma_load_2d(base + L::o + s * kOStage, &m.w_o, bar(3 + s), j * kChunk, 0);
-  }
-};
+__device__ uint32_t bar_at(uint32_t base, int i) { return base + Layout<Tx>::bars + 8 * i; }
 
-// Element (r, 8 chunk) of a [2 halves][128][64] bf16 tile, channel c = 64 half + 8 chunk + e.
-__device__ __forceinline__ bf16* half_tile_at(bf16* t, int r, int c) {
-  return dev::tile_at<64>(t + (c / 64) * kRows * 64, r, (c % 64) / 8) + c % 8;
+// The weights' stages of Layout<Tx>: two each.
+template <class Tx>
+__device__ WeightLoads weight_loads(const Maps& m, uint32_t base, int H) {
+  using L = Layout<Tx>;
+  return {&m.w_ab, &m.w_o, base + L::ab, base + L::o, bar_at<Tx>(base, 1), bar_at<Tx>(base, 3), H, H / kChunk, 2, 2};
+}
+
+template <class Tx>
+__device__ void load_x(const Maps& m, uint32_t base, int64_t tile) {
+  dev::mbar_arrive_expect_tx(bar_at<Tx>(base, 0), kRows * kC * sizeof(Tx));
+  dev::tma_load_2d(base + Layout<Tx>::x, &m.x, bar_at<Tx>(base, 0), 0, static_cast<int>(tile * kRows));
 }
 
 // The LayerNorm of the warpgroup's 64 rows: xhat into shared memory (and global), the stats.
@@ -124,22 +91,9 @@ __device__ void normalize_rows(uint8_t* smem, const FwdArgs& a, int64_t m0, int 
   }
 }
 
-// acc = xhat W_ab,j^T for the warpgroup's 64 rows: 8 k16 steps over C = 128 (issued, not waited).
-__device__ __forceinline__ void up_projection(float (&acc)[64], uint32_t xhat, uint32_t w_ab, int wg) {
-  dev::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kC / 16; ++kk) {
-    const uint32_t k_off = (kk / 4) * kHalf + 32 * (kk % 4);
-    dev::Wgmma<bf16, 0, 0>::run(acc, dev::wgmma_desc(xhat + 64 * wg * 128 + k_off, 16, 1024),
-                                dev::wgmma_desc(w_ab + k_off, 16, 1024), kk > 0);
-  }
-  dev::wgmma_commit();
-}
-
 // h = silu(a) b from the accumulators (a: columns 0-63, b: 64-127, each rounded to bf16 as the
 // unfused path stores them), as the A fragments of the down projection's 4 k16 steps.
 __device__ __forceinline__ void swiglu_fragments(uint32_t (&h)[4][4], const float (&acc)[64]) {
-  auto r16 = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     float v[2][4];  // [n8 tile 2 kk + i][accumulator element]
@@ -147,7 +101,7 @@ __device__ __forceinline__ void swiglu_fragments(uint32_t (&h)[4][4], const floa
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float x = r16(acc[4 * (2 * kk + i) + e]), b = r16(acc[4 * (2 * kk + i + 8) + e]);
+        const float x = round_bf16(acc[4 * (2 * kk + i) + e]), b = round_bf16(acc[4 * (2 * kk + i + 8) + e]);
         v[i][e] = act::Act<act::Gate::kSilu>::value(x, act::sigmoid(x)) * b;
       }
     dev::acc_to_a<bf16>(h[kk], v[0], v[1]);
@@ -159,15 +113,8 @@ __device__ __forceinline__ void down_projection(float (&y)[64], const uint32_t (
   dev::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kChunk / 16; ++kk)
-    dev::wgmma_m64n128k16_rs_bf16(y, h[kk], dev::wgmma_desc(w_o + 32 * kk, 16, 1024), !(first && kk == 0));
+    dev::WgmmaN128RS<0>::run(y, h[kk], dev::wgmma_desc(w_o + 32 * kk, 16, 1024), !(first && kk == 0));
   dev::wgmma_commit();
-}
-
-__device__ __forceinline__ void keep_fragments(uint32_t (&h)[4][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(h[kk][i])::"memory");
 }
 
 // out = x + scale y (or y) for the warpgroup's 64 rows: y rounded to bf16 and staged in xhat's
@@ -217,47 +164,45 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs a, c
   const int tid = threadIdx.x, wg = tid / 128, tl = tid % 128, nch = a.H / kChunk;
   const int64_t tiles = (a.rows + kRows - 1) / kRows;
   const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x), total = my_tiles * nch;
-  const Loads<Tx> ld{m, base, a.H, nch};
+  const WeightLoads ld = weight_loads<Tx>(m, base, a.H);
   float* params = reinterpret_cast<float*>(smem + L::params);
   for (int c = tid; c < kC; c += kThreads) params[c] = a.ln_w ? a.ln_w[c] : 1.f, params[kC + c] = a.ln_b ? a.ln_b[c] : 0.f;
   if (tid == 0) {
-    for (int i = 0; i < 5; ++i) dev::mbar_init(ld.bar(i), 1);
+    for (int i = 0; i < 5; ++i) dev::mbar_init(bar_at<Tx>(base, i), 1);
     dev::mbar_init_fence();
   }
   __syncthreads();
   if (tid == 0) {
-    ld.x(blockIdx.x);
-    ld.ab(0);
-    if (total > 1) ld.ab(1);
-    ld.o(0);
+    load_x<Tx>(m, base, blockIdx.x);
+    ld.load_ab(0);
+    if (total > 1) ld.load_ab(1);
+    ld.load_o(0);
   }
   float y[64], acc[64];  // the m64n128 accumulator layout (common/wgmma.cuh)
   uint32_t h[4][4];      // [k16 step][A fragment]
   int q = 0;             // chunks done by this block: the stage is q % 2, its use q / 2
   for (int it = 0; it < my_tiles; ++it) {
     const int64_t tile = blockIdx.x + int64_t(it) * gridDim.x;
-    dev::mbar_wait(ld.bar(0), it & 1);
+    dev::mbar_wait(bar_at<Tx>(base, 0), it & 1);
     normalize_rows<Tx>(smem, a, tile * kRows, wg, tl);
     dev::fence_proxy_async();  // xhat's st.shared, visible to wgmma
     __syncthreads();           // and x's tile is free for the next one
-    if (tid == 0 && it + 1 < my_tiles) ld.x(tile + gridDim.x);
+    if (tid == 0 && it + 1 < my_tiles) load_x<Tx>(m, base, tile + gridDim.x);
     for (int j = 0; j < nch; ++j, ++q) {
-      const int s = q & 1;
-      const uint32_t phase = (q >> 1) & 1;
-      dev::mbar_wait(ld.bar(1 + s), phase);
-      up_projection(acc, base + L::xhat, base + L::ab + s * kAbStage, wg);
+      dev::wgmma_fence();
+      up_projection(acc, base + L::xhat, ld.wait_ab(q), wg);
+      dev::wgmma_commit();
       dev::wgmma_wait<0>();  // this chunk's up projection and the previous chunk's down projection
       dev::wgmma_fence_operands(acc);
       dev::wgmma_fence_operands(y);
       keep_fragments(h);
       __syncthreads();  // W_ab stage s and W_o stage (q + 1) % 2 are read by nobody now
       if (tid == 0) {
-        if (q + 2 < total) ld.ab(q + 2);
-        if (q + 1 < total) ld.o(q + 1);
+        if (q + 2 < total) ld.load_ab(q + 2);
+        if (q + 1 < total) ld.load_o(q + 1);
       }
       swiglu_fragments(h, acc);
-      dev::mbar_wait(ld.bar(3 + s), phase);
-      down_projection(y, h, base + L::o + s * kOStage, j == 0);
+      down_projection(y, h, ld.wait_o(q), j == 0);
     }
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(y);
@@ -266,35 +211,20 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs a, c
   }
 }
 
-// A 2-D tiled map over rows of `cols` elements with the given box.
-bool encode_rows(CUtensorMap* map, const void* p, CUtensorMapDataType type, int elem_bytes, int64_t rows,
-                 int64_t cols, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
-  detail::TmaTile t;
-  t.rank = 2;
-  t.dims[0] = static_cast<uint64_t>(cols), t.dims[1] = static_cast<uint64_t>(rows);
-  t.strides[0] = static_cast<uint64_t>(cols) * elem_bytes;
-  t.box[0] = box_cols, t.box[1] = box_rows;
-  return detail::tma_tile_ok(p, elem_bytes, t) && detail::encode_tma(map, p, type, t, swizzle);
-}
-
 template <class Tx>
 cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
   Maps m;
   constexpr bool kF32 = sizeof(Tx) == 4;
   const auto x_type = kF32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   if (!encode_rows(&m.x, a.x, x_type, sizeof(Tx), a.rows, kC, kC, kRows, CU_TENSOR_MAP_SWIZZLE_NONE) ||
-      !encode_rows(&m.w_ab, a.w_ab, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, 2 * a.H, kC, 64, kChunk,
-                   CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_rows(&m.w_o, a.w_o, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, kC, a.H, 64, kC, CU_TENSOR_MAP_SWIZZLE_128B))
+      !encode_weights(&m.w_ab, &m.w_o, a.w_ab, a.w_o, a.H))
     return cudaErrorNotSupported;
-  int device = 0, sms = 0;
-  cudaError_t e;
-  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
   constexpr int kBytes = Layout<Tx>::bytes;
+  unsigned blocks = 0;
+  cudaError_t e;
+  if ((e = persistent_blocks((a.rows + kRows - 1) / kRows, &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(forward_kernel<Tx>, kBytes)) != cudaSuccess) return e;
-  const int64_t tiles = (a.rows + kRows - 1) / kRows;
-  forward_kernel<Tx><<<static_cast<unsigned>(tiles < sms ? tiles : sms), kThreads, kBytes, stream>>>(a, m);
+  forward_kernel<Tx><<<blocks, kThreads, kBytes, stream>>>(a, m);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,90 @@
+// Parts shared by the fused transition's forward and backward kernels (transition/forward.cu,
+// backward.cu): the tile geometry, the weight chunks streamed by TMA, the up projection
+// [a | b] = xhat W_ab^T on wgmma, and the register-fragment helpers.
+//
+// A block of two warpgroups walks 128-row tiles, each warpgroup owning 64 rows; the hidden
+// units come in chunks of kChunk: W_ab's chunk is its a rows and b rows of the chunk
+// ([2 k halves][64 a rows | 64 b rows][64 c], 128B-swizzled), W_o's chunk its columns
+// ([128 c][64 hidden]).
+#pragma once
+#include <cuda.h>
+
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "common/tma.cuh"
+#include "common/tma.h"
+#include "common/wgmma.cuh"
+#include "transition/kernels.h"
+#include "transition/launch.h"
+
+namespace tpf::transition {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kRows = 128;  // rows of a tile: two warpgroups of 64
+constexpr int kThreads = 256;
+constexpr uint32_t kHalf = kRows * 64 * 2;     // [128 rows][64] bf16, 128B-swizzled: 16 KB
+constexpr uint32_t kAbStage = 2 * kHalf;       // W_ab chunk: [2 k halves][64 a | 64 b rows][64]
+constexpr uint32_t kOStage = kC * kChunk * 2;  // W_o chunk: [128 c][64 hidden units]
+static_assert(2 * kChunk == 128 && kC == 128, "one chunk's a | b is one m64n128 accumulator");
+
+// Element (r, c) of a [2 halves][128][64] bf16 tile: channel c = 64 half + 8 chunk + e.
+__device__ __forceinline__ bf16* half_tile_at(bf16* t, int r, int c) {
+  return dev::tile_at<64>(t + (c / 64) * kRows * 64, r, (c % 64) / 8) + c % 8;
+}
+
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// The TMA issues of one thread for the weight chunks: chunk q % nch into stage q % stages.
+struct WeightLoads {
+  const CUtensorMap* w_ab;
+  const CUtensorMap* w_o;
+  uint32_t ab, o;          // shared addresses of the stages
+  uint32_t ab_bar, o_bar;  // shared addresses of the stages' mbarriers (8 bytes apart)
+  int H, nch, ab_stages, o_stages;
+  __device__ void load_ab(int q) const {
+    const int j = q % nch, s = q % ab_stages;
+    const uint32_t dst = ab + s * kAbStage, bar = ab_bar + 8 * s;
+    dev::mbar_arrive_expect_tx(bar, kAbStage);
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) {
+      dev::tma_load_2d(dst + kh * kHalf, w_ab, bar, 64 * kh, j * kChunk);
+      dev::tma_load_2d(dst + kh * kHalf + kHalf / 2, w_ab, bar, 64 * kh, H + j * kChunk);
+    }
+  }
+  __device__ void load_o(int q) const {
+    const int j = q % nch, s = q % o_stages;
+    dev::mbar_arrive_expect_tx(o_bar + 8 * s, kOStage);
+    dev::tma_load_2d(o + s * kOStage, w_o, o_bar + 8 * s, j * kChunk, 0);
+  }
+  // Waits for chunk q's stage: its use q / stages has that parity.
+  __device__ uint32_t wait_ab(int q) const {
+    dev::mbar_wait(ab_bar + 8 * (q % ab_stages), (q / ab_stages) & 1);
+    return ab + (q % ab_stages) * kAbStage;
+  }
+  __device__ uint32_t wait_o(int q) const {
+    dev::mbar_wait(o_bar + 8 * (q % o_stages), (q / o_stages) & 1);
+    return o + (q % o_stages) * kOStage;
+  }
+};
+
+// acc = xhat W_ab,j^T for the warpgroup's 64 rows: 8 k16 steps over C (issued, not committed).
+__device__ __forceinline__ void up_projection(float (&acc)[64], uint32_t xhat, uint32_t w_ab, int wg) {
+#pragma unroll
+  for (int kk = 0; kk < kC / 16; ++kk) {
+    const uint32_t k_off = (kk / 4) * kHalf + 32 * (kk % 4);
+    dev::Wgmma<bf16, 0, 0>::run(acc, dev::wgmma_desc(xhat + 64 * wg * 128 + k_off, 16, 1024),
+                                dev::wgmma_desc(w_ab + k_off, 16, 1024), kk > 0);
+  }
+}
+
+// Keeps A fragments live (their registers unreused) until the wgmma reading them is waited for.
+template <int K>
+__device__ __forceinline__ void keep_fragments(uint32_t (&h)[K][4]) {
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(h[kk][i])::"memory");
+}
+
+}  // namespace tpf::transition
