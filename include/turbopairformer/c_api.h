@@ -89,6 +89,9 @@ typedef struct tpf_transition_args {
   double eps;
   int32_t residual;
 } tpf_transition_args;
+typedef struct tpf_transition_backward_args {
+  tpf_tensor xhat, g, w_ab, w_o, h, dab, dxhat;
+} tpf_transition_backward_args;
 
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
  * (the Python package builds its ctypes structs from this table and checks their layout):
@@ -133,6 +136,8 @@ TPF_C_API int tpf_swiglu_backward(const tpf_swiglu_args* a, int32_t on_gpu, void
                                   size_t err_len);
 TPF_C_API int tpf_transition_forward(const tpf_transition_args* a, int32_t on_gpu, void* stream, char* err,
                                      size_t err_len);
+TPF_C_API int tpf_transition_backward(const tpf_transition_backward_args* a, int32_t on_gpu, void* stream,
+                                      char* err, size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_forward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
                                        size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,

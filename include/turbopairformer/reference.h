@@ -38,5 +38,6 @@ Status residual_forward(const ResidualParams& p);
 Status residual_backward(const ResidualParams& p);
 // The transition in FP64 with no intermediate rounding (out, xhat, mean, rstd where present).
 Status transition_forward(const TransitionParams& p);
+Status transition_backward(const TransitionBackwardParams& p);
 
 }  // namespace tpf::reference

@@ -31,9 +31,27 @@ struct TransitionParams {
   TensorView rstd;   // optional: [...] fp32 contiguous, written (1 / sqrt(var + eps))
 };
 
+// The backward's middle, from xhat (the forward's) and g = d y (the gradient of the down
+// projection's output, the residual's scale applied): [a | b] = xhat W_ab^T and dh = g W_o are
+// recomputed on chip, and written are
+//   h = silu(a) b,  [da | db] = SwiGLU's backward of dh,  dxhat = [da | db] W_ab
+// (each rounded to bf16 as the unfused path's kernels store them). The weight gradients are
+// then g^T h and [da | db]^T xhat, the LayerNorm's backward takes dxhat.
+struct TransitionBackwardParams {
+  TensorView xhat;   // [..., C = 128] bf16 contiguous
+  TensorView g;      // xhat's shape, bf16 contiguous
+  TensorView w_ab;   // [2H, C] bf16 contiguous, H a multiple of 64
+  TensorView w_o;    // [C, H] bf16 contiguous
+  TensorView h;      // [..., H] bf16 contiguous, written
+  TensorView dab;    // [..., 2H] bf16 contiguous, written
+  TensorView dxhat;  // xhat's shape, bf16 contiguous, written
+};
+
 Status validate_transition(const TransitionParams& p, bool for_gpu);
+Status validate_transition_backward(const TransitionBackwardParams& p);
 // CUDA entry point (sm_90: wgmma and TMA; nothing allocated). Where the device is not sm_90,
 // returns kUnsupported.
 Status transition_forward(const TransitionParams& p, cudaStream_t stream);
+Status transition_backward(const TransitionBackwardParams& p, cudaStream_t stream);
 
 }  // namespace tpf

@@ -86,6 +86,7 @@ TpfSwigluArgs = _struct("tpf_swiglu_args", _KINDS)
 TpfSigmoidGateArgs = _struct("tpf_sigmoid_gate_args", _KINDS)
 TpfResidualArgs = _struct("tpf_residual_args", _KINDS)
 TpfTransitionArgs = _struct("tpf_transition_args", _KINDS)
+TpfTransitionBackwardArgs = _struct("tpf_transition_backward_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
@@ -104,6 +105,8 @@ def _signatures(lib) -> None:
     lib.tpf_residual_backward.argtypes = lib.tpf_residual_forward.argtypes
     targs_ = ctypes.POINTER(TpfTransitionArgs)
     lib.tpf_transition_forward.argtypes = (targs_, ctypes.c_int32, ctypes.c_void_p) + err
+    tbargs = ctypes.POINTER(TpfTransitionBackwardArgs)
+    lib.tpf_transition_backward.argtypes = (tbargs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -160,6 +163,7 @@ def _signatures(lib) -> None:
         lib.tpf_residual_forward,
         lib.tpf_residual_backward,
         lib.tpf_transition_forward,
+        lib.tpf_transition_backward,
     ):
         f.restype = ctypes.c_int
 

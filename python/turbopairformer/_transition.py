@@ -1,6 +1,7 @@
-"""The library's fused SwiGLU transition forward (turbopairformer/transition.h): LayerNorm, the
-stacked up projection, silu(a) * b and the down projection, plus the residual add, in one
-kernel that keeps the [rows, 2H] hidden activation on chip. Built for C = 128 rows in bf16
+"""The library's fused SwiGLU transition (turbopairformer/transition.h). The forward: LayerNorm,
+the stacked up projection, silu(a) * b and the down projection, plus the residual add, in one
+kernel that keeps the [rows, 2H] hidden activation on chip. The backward's middle: the
+activation recomputed on chip, SwiGLU's backward and the input-side product in one kernel. Built for C = 128 rows in bf16
 compute on sm_90; other cases take the unfused path (layers.swiglu_transition)."""
 
 from __future__ import annotations
@@ -61,3 +62,19 @@ def forward(x, ln_w, ln_b, eps, wab, wo, residual: bool, scale=None):
     a.eps, a.residual = eps, int(residual)
     _calls.run(_native.LIB.tpf_transition_forward, a, x)
     return out, xhat, mean, rstd
+
+
+def backward(xhat, g, wab, wo):
+    """(h, dab, dxhat) from xhat (the forward's) and g, the gradient of the down projection's
+    output: h = silu(a) b, dab = [da | db] and dxhat = dab wab, with [a | b] = xhat wab^T and
+    g wo recomputed on chip; all bf16. xhat, g [*, C] contiguous bf16."""
+    H = wab.shape[0] // 2
+    lead = xhat.shape[:-1]
+    h = torch.empty((*lead, H), dtype=torch.bfloat16, device=xhat.device)
+    dab = torch.empty((*lead, 2 * H), dtype=torch.bfloat16, device=xhat.device)
+    dxhat = torch.empty_like(xhat)
+    a = _calls.struct(
+        _native.TpfTransitionBackwardArgs, xhat=xhat, g=g, w_ab=wab, w_o=wo, h=h, dab=dab, dxhat=dxhat
+    )
+    _calls.run(_native.LIB.tpf_transition_backward, a, xhat)
+    return h, dab, dxhat

@@ -184,7 +184,7 @@ class _SwiGLUTransition(torch.autograd.Function):
             wo_c = wo.to(cd)  # [C, H]
             if _norm.gpu_supported(x, ln_w, cd) and _transition.supported(
                 x, wab, cd, scale if residual else None
-            ):  # one kernel, the [*, 2H] activation on chip; the backward recomputes it
+            ):  # one kernel, the [*, 2H] activation on chip, as in the backward's
                 out, xn, *stats = _transition.forward(x, ln_w, ln_b, eps, wab, wo_c, residual, scale)
                 ctx.on_kernel, ab = True, None
             else:
@@ -201,13 +201,15 @@ class _SwiGLUTransition(torch.autograd.Function):
     def backward(ctx, dout):
         x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c, scale = ctx.saved_tensors
         dz = dout if ctx.residual else None
-        if ab is None:
-            ab = F.linear(xn, wab)  # the fused forward's activation, recomputed
-        dout = _branch_grad(dout, scale if ctx.residual else None, ab.dtype)
-        dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
+        dout = _branch_grad(dout, scale if ctx.residual else None, xn.dtype)
+        if ab is None:  # the fused forward: the activation recomputed on chip
+            h, dab, dxn = _transition.backward(xn, dout.contiguous(), wab, wo_c)
+        else:
+            dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
+            dxn = dab @ wab
         dwo, _ = _weight_grads(dout, h, ctx.w_dtype, False)
         dwab, _ = _weight_grads(dab, xn, ctx.w_dtype, False)
-        dx, dln_w, dln_b = _norm_backward(ctx, dab @ wab, x, ln_w, ln_b, (mean, rstd), dz)
+        dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd), dz)
         H = wab.shape[0] // 2
         return dx, dln_w, dln_b, None, dwab[:H], dwab[H:], dwo, None, None
 

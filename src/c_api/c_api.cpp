@@ -86,6 +86,10 @@ tpf::TransitionParams transition_params(const tpf_transition_args& a) {
   return p;
 }
 
+tpf::TransitionBackwardParams transition_backward_params(const tpf_transition_backward_args& a) {
+  return {view(a.xhat), view(a.g), view(a.w_ab), view(a.w_o), view(a.h), view(a.dab), view(a.dxhat)};
+}
+
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -135,6 +139,11 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_transition_args, out, "tensor") TPF_ROW_(tpf_transition_args, xhat, "tensor")
     TPF_ROW_(tpf_transition_args, mean, "tensor") TPF_ROW_(tpf_transition_args, rstd, "tensor")
     TPF_ROW_(tpf_transition_args, eps, "f64") TPF_ROW_(tpf_transition_args, residual, "i32")
+    {"tpf_transition_backward_args", "", "struct", 0, sizeof(tpf_transition_backward_args)},
+    TPF_ROW_(tpf_transition_backward_args, xhat, "tensor") TPF_ROW_(tpf_transition_backward_args, g, "tensor")
+    TPF_ROW_(tpf_transition_backward_args, w_ab, "tensor") TPF_ROW_(tpf_transition_backward_args, w_o, "tensor")
+    TPF_ROW_(tpf_transition_backward_args, h, "tensor") TPF_ROW_(tpf_transition_backward_args, dab, "tensor")
+    TPF_ROW_(tpf_transition_backward_args, dxhat, "tensor")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -269,6 +278,14 @@ int tpf_transition_forward(const tpf_transition_args* a, int32_t on_gpu, void* s
   const auto p = transition_params(*a);
   return report(on_gpu ? tpf::transition_forward(p, static_cast<cudaStream_t>(stream))
                        : tpf::reference::transition_forward(p),
+                err, err_len);
+}
+
+int tpf_transition_backward(const tpf_transition_backward_args* a, int32_t on_gpu, void* stream, char* err,
+                            size_t err_len) {
+  const auto p = transition_backward_params(*a);
+  return report(on_gpu ? tpf::transition_backward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::transition_backward(p),
                 err, err_len);
 }
 

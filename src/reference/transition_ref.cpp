@@ -48,4 +48,34 @@ Status transition_forward(const TransitionParams& p) {
   return Status::Ok();
 }
 
+Status transition_backward(const TransitionBackwardParams& p) {
+  TPF_RETURN_IF_ERROR(validate_transition_backward(p));
+  TPF_RETURN_IF_ERROR(detail::check_host_pointers(
+      "transition_backward", {{"xhat", p.xhat.data}, {"g", p.g.data}, {"w_ab", p.w_ab.data}, {"w_o", p.w_o.data},
+                              {"h", p.h.data}, {"dab", p.dab.data}, {"dxhat", p.dxhat.data}}));
+  const int64_t C = p.xhat.shape[p.xhat.rank - 1], R = p.xhat.numel() / C, H = p.w_ab.shape[0] / 2;
+  std::vector<double> dab(2 * H);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t k = 0; k < H; ++k) {
+      double a = 0, b = 0, dh = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const double xh = load(p.xhat, r * C + c);
+        a += xh * load(p.w_ab, k * C + c), b += xh * load(p.w_ab, (H + k) * C + c);
+        dh += load(p.g, r * C + c) * load(p.w_o, c * H + k);
+      }
+      const double s = sigmoid(a);
+      dab[k] = dh * b * s * (1 + a * (1 - s)), dab[H + k] = dh * a * s;
+      store(p.h, r * H + k, a * s * b);
+      store(p.dab, r * 2 * H + k, dab[k]);
+      store(p.dab, r * 2 * H + H + k, dab[H + k]);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      double dx = 0;
+      for (int64_t k = 0; k < 2 * H; ++k) dx += dab[k] * load(p.w_ab, k * C + c);
+      store(p.dxhat, r * C + c, dx);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace tpf::reference

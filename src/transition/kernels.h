@@ -1,4 +1,4 @@
-// Host launcher of the fused SwiGLU transition forward (transition/forward.cu):
+// Host launchers of the fused SwiGLU transition kernels. The forward (transition/forward.cu):
 //
 //   xhat = LayerNorm(x),  [a | b] = xhat W_ab^T,  h = silu(a) * b,  y = h W_o^T
 //   out  = x + scale * y   (residual)   or   out = y
@@ -39,5 +39,22 @@ struct FwdArgs {
 };
 
 cudaError_t forward(const FwdArgs& a, cudaStream_t stream);
+
+// The backward's middle (transition/backward.cu): from xhat and g = d y, with [a | b] and dh =
+// g W_o recomputed on chip, h = silu(a) b and [da | db] (SwiGLU's backward) for the weight
+// gradients and dxhat = [da | db] W_ab for the LayerNorm's backward; all bf16, contiguous rows.
+struct BwdArgs {
+  int64_t rows;
+  int H;
+  const __nv_bfloat16* xhat;  // [rows][C]
+  const __nv_bfloat16* g;     // [rows][C]
+  const __nv_bfloat16* w_ab;  // [2H][C]
+  const __nv_bfloat16* w_o;   // [C][H]
+  __nv_bfloat16* h;           // [rows][H], written
+  __nv_bfloat16* dab;         // [rows][2H], written
+  __nv_bfloat16* dxhat;       // [rows][C], written
+};
+
+cudaError_t backward(const BwdArgs& a, cudaStream_t stream);
 
 }  // namespace tpf::transition

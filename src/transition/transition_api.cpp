@@ -34,39 +34,73 @@ Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, c
   return c.aligned(arg, t, 16);
 }
 
+// W_ab [2H, C] and W_o [C, H], bf16 contiguous, H a multiple of kChunk.
+Status check_weights(const Checker& c, const TensorView& w_ab, const TensorView& w_o, int64_t C) {
+  TPF_RETURN_IF_ERROR(c.shape("w_ab", w_ab, {{"2H", -1}, {"C", C}}));
+  const int64_t H = w_ab.shape[0] / 2;
+  if (w_ab.shape[0] % 2 || H % transition::kChunk || H > (int64_t{1} << 20))
+    return c.fail("w_ab", "rows 2H=" + std::to_string(w_ab.shape[0]) + " are not built; supported: H a multiple of 64",
+                  StatusCode::kUnsupported);
+  TPF_RETURN_IF_ERROR(c.shape("w_o", w_o, {{"C", C}, {"H", H}}));
+  for (const auto& [name, t] : {std::pair{"w_ab", &w_ab}, std::pair{"w_o", &w_o}}) {
+    TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kBF16}));
+    TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
+    TPF_RETURN_IF_ERROR(c.aligned(name, *t, 16));
+  }
+  return Status::Ok();
+}
+
+// Rows of C = 128 channels, at most 2^31 - 128 of them (the tensor maps' 32-bit row index).
+Status check_rows(const Checker& c, const char* arg, const TensorView& x) {
+  TPF_RETURN_IF_ERROR(c.present(arg, x));
+  if (x.rank < 1) return c.fail(arg, "must have at least one dimension [..., C]");
+  const int64_t C = x.shape[x.rank - 1];
+  if (C != transition::kC)
+    return c.fail(arg, "channels C=" + std::to_string(C) + " are not built; supported: C = 128 (c_z)",
+                  StatusCode::kUnsupported);
+  if (rows_of(x) > (int64_t{1} << 31) - 128)
+    return c.fail(arg, "more than 2^31 - 128 rows: the tensor maps index rows in 32 bits", StatusCode::kUnsupported);
+  return Status::Ok();
+}
+
+// t: x's leading dims with a last dimension of `last`, bf16 contiguous, 16-byte aligned.
+Status check_hidden(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, int64_t last) {
+  TPF_RETURN_IF_ERROR(c.present(arg, t));
+  bool same = t.rank == x.rank;
+  for (int i = 0; same && i < x.rank; ++i) same = t.shape[i] == (i + 1 == x.rank ? last : x.shape[i]);
+  if (!same)
+    return c.fail(arg, "must be x's shape " + detail::shape_string(x) + " with last dimension " + std::to_string(last) +
+                           ", got " + detail::shape_string(t));
+  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {DType::kBF16}));
+  TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
+  return c.aligned(arg, t, 16);
+}
+
+Status require_sm90(const char* op) {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major != 9)
+    return Status(StatusCode::kUnsupported, std::string("tpf.") + op + ": the fused kernel needs an sm_90 GPU (wgmma, TMA)");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate_transition(const TransitionParams& p, bool for_gpu) {
   const Checker c{"transition"};
   (void)for_gpu;  // one form: the op exists on the GPU only
-  TPF_RETURN_IF_ERROR(c.present("x", p.x));
-  if (p.x.rank < 1) return c.fail("x", "must have at least one dimension [..., C]");
-  const int64_t C = p.x.shape[p.x.rank - 1];
-  if (C != transition::kC)
-    return c.fail("x", "channels C=" + std::to_string(C) + " are not built; supported: C = 128 (c_z)",
-                  StatusCode::kUnsupported);
+  TPF_RETURN_IF_ERROR(check_rows(c, "x", p.x));
+  const int64_t C = transition::kC;
   TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16}));
   TPF_RETURN_IF_ERROR(c.contiguous("x", p.x));
   TPF_RETURN_IF_ERROR(c.aligned("x", p.x, 16));
-  if (rows_of(p.x) > (int64_t{1} << 31) - 128)
-    return c.fail("x", "more than 2^31 - 128 rows: the tensor maps index rows in 32 bits", StatusCode::kUnsupported);
   for (const auto& [name, t] : {std::pair{"ln_w", &p.ln_w}, std::pair{"ln_b", &p.ln_b}})
     if (t->present()) {
       TPF_RETURN_IF_ERROR(c.shape(name, *t, {{"C", C}}));
       TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kFP32}));
       TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
     }
-  TPF_RETURN_IF_ERROR(c.shape("w_ab", p.w_ab, {{"2H", -1}, {"C", C}}));
-  const int64_t H = p.w_ab.shape[0] / 2;
-  if (p.w_ab.shape[0] % 2 || H % transition::kChunk || H > (int64_t{1} << 20))
-    return c.fail("w_ab", "rows 2H=" + std::to_string(p.w_ab.shape[0]) + " are not built; supported: H a multiple of 64",
-                  StatusCode::kUnsupported);
-  TPF_RETURN_IF_ERROR(c.shape("w_o", p.w_o, {{"C", C}, {"H", H}}));
-  for (const auto& [name, t] : {std::pair{"w_ab", &p.w_ab}, std::pair{"w_o", &p.w_o}}) {
-    TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kBF16}));
-    TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
-    TPF_RETURN_IF_ERROR(c.aligned(name, *t, 16));
-  }
+  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, C));
   if (p.scale.present()) {
     if (!p.residual) return c.fail("scale", "applies to the residual update only (residual = true)");
     TPF_RETURN_IF_ERROR(check_per_row(c, "scale", p.scale, p.x));
@@ -85,10 +119,7 @@ Status transition_forward(const TransitionParams& p, cudaStream_t stream) {
       kOp, stream, {{"x", p.x.data}, {"ln_w", p.ln_w.data}, {"ln_b", p.ln_b.data}, {"w_ab", p.w_ab.data},
                     {"w_o", p.w_o.data}, {"scale", p.scale.data}, {"out", p.out.data}, {"xhat", p.xhat.data},
                     {"mean", p.mean.data}, {"rstd", p.rstd.data}}));
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major != 9)
-    return Status(StatusCode::kUnsupported, "tpf.transition: the fused kernel needs an sm_90 GPU (wgmma, TMA)");
+  TPF_RETURN_IF_ERROR(require_sm90(kOp));
   const transition::FwdArgs a{rows_of(p.x),
                               static_cast<int>(p.w_ab.shape[0] / 2),
                               p.x.data,
@@ -105,6 +136,36 @@ Status transition_forward(const TransitionParams& p, cudaStream_t stream) {
                               static_cast<float*>(p.mean.data),
                               static_cast<float*>(p.rstd.data)};
   return detail::cuda_status(kOp, transition::forward(a, stream));
+}
+
+Status validate_transition_backward(const TransitionBackwardParams& p) {
+  const Checker c{"transition_backward"};
+  TPF_RETURN_IF_ERROR(check_rows(c, "xhat", p.xhat));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "xhat", p.xhat, p.xhat, transition::kC));
+  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, transition::kC));
+  const int64_t H = p.w_ab.shape[0] / 2;
+  TPF_RETURN_IF_ERROR(check_hidden(c, "g", p.g, p.xhat, transition::kC));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "h", p.h, p.xhat, H));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "dab", p.dab, p.xhat, 2 * H));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "dxhat", p.dxhat, p.xhat, transition::kC));
+  for (const auto& [name, t] : {std::pair{"h", &p.h}, std::pair{"dab", &p.dab}, std::pair{"dxhat", &p.dxhat}})
+    TPF_RETURN_IF_ERROR(c.writable(name, *t));
+  return Status::Ok();
+}
+
+Status transition_backward(const TransitionBackwardParams& p, cudaStream_t stream) {
+  constexpr const char* kOp = "transition_backward";
+  TPF_RETURN_IF_ERROR(validate_transition_backward(p));
+  TPF_RETURN_IF_ERROR(detail::check_device_pointers(
+      kOp, stream, {{"xhat", p.xhat.data}, {"g", p.g.data}, {"w_ab", p.w_ab.data}, {"w_o", p.w_o.data},
+                    {"h", p.h.data}, {"dab", p.dab.data}, {"dxhat", p.dxhat.data}}));
+  TPF_RETURN_IF_ERROR(require_sm90(kOp));
+  using B = __nv_bfloat16;
+  const transition::BwdArgs a{rows_of(p.xhat), static_cast<int>(p.w_ab.shape[0] / 2),
+                              static_cast<const B*>(p.xhat.data), static_cast<const B*>(p.g.data),
+                              static_cast<const B*>(p.w_ab.data), static_cast<const B*>(p.w_o.data),
+                              static_cast<B*>(p.h.data), static_cast<B*>(p.dab.data), static_cast<B*>(p.dxhat.data)};
+  return detail::cuda_status(kOp, transition::backward(a, stream));
 }
 
 }  // namespace tpf

@@ -48,6 +48,20 @@ def _unfused(x, ln_w, ln_b, eps, wab, wo, residual, scale):
     return y
 
 
+def _fp64_backward(xhat, g, wab, wo):
+    a, b = (xhat.double() @ wab.double().T).chunk(2, -1)
+    dh = g.double() @ wo.double()
+    s = torch.sigmoid(a)
+    da, db = dh * b * s * (1 + a * (1 - s)), dh * a * s
+    dab = torch.cat([da, db], -1)
+    return a * s * b, dab, dab @ wab.double()
+
+
+def _unfused_backward(xhat, g, wab, wo):
+    dab, h = _swiglu.backward(F.linear(xhat, wab), g @ wo)
+    return h, dab, dab @ wab
+
+
 def _rel(got, want, base):
     return ((got.double() - want).norm() / (want - base).norm().clamp_min(1e-300)).item()
 
@@ -83,6 +97,54 @@ def test_kernel_matches_fp64_and_the_unfused_path(x_dtype, residual, with_scale,
     again = _transition.forward(x, ln_w, ln_b, eps, wab, wo, residual, scale)
     for a, b in zip((out, xhat, mean, rstd), again):
         assert torch.equal(a, b)  # bitwise repeatable
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape,H", [((1,), 64), ((1, 7, 7), 512), ((333,), 128), ((100, 100), 512), ((3, 160, 160), 512)])
+def test_backward_kernel_matches_fp64_and_the_unfused_path(shape, H):
+    x, ln_w, ln_b, wab, wo, _ = _inputs(shape, H, torch.float32, "cuda", seed=7 + H)
+    xhat = F.layer_norm(x, [C], ln_w, ln_b).bfloat16()
+    g = (torch.randn(*shape, C, device="cuda") * 0.3).bfloat16()
+    junk = torch.full((x.numel() * 16,), float("nan"), device="cuda")
+    del junk  # poison the blocks the outputs will reuse
+    got = _transition.backward(xhat, g, wab, wo)
+    want = _fp64_backward(xhat, g, wab, wo)
+    unfused = _unfused_backward(xhat, g, wab, wo)
+    for name, t, w, u in zip(("h", "dab", "dxhat"), got, want, unfused):
+        assert t.dtype == torch.bfloat16 and t.shape == w.shape and torch.isfinite(t).all(), name
+        err, err_unfused = _rel(t, w, 0), _rel(u, w, 0)
+        assert err <= 8 * U, (name, err, err_unfused)
+        assert err <= 1.25 * err_unfused + U / 4, (name, err, err_unfused)
+    for a, b in zip(got, _transition.backward(xhat, g, wab, wo)):
+        assert torch.equal(a, b)  # bitwise repeatable
+
+
+@requires_gpu
+def test_module_gradients_match_the_unfused_path_and_repeat_bitwise():
+    N = 50
+    m = tpf.SwiGLUTransition(C, 4).cuda()
+    x0 = torch.randn(1, N, N, C, device="cuda")
+    mask = (torch.rand(1, N, N, device="cuda") > 0.1).float()
+    g = torch.randn_like(x0)
+
+    def run(fused):
+        orig = _transition.supported
+        _transition.supported = orig if fused else (lambda *a: False)
+        try:
+            x = x0.clone().requires_grad_(True)
+            m.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = m.residual_update(x, mask)
+            y.backward(g)
+            return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
+        finally:
+            _transition.supported = orig
+
+    fused, again, unfused = run(True), run(True), run(False)
+    for a, b in zip(fused, again):
+        assert torch.equal(a, b)
+    for a, b in zip(fused, unfused):
+        assert ((a - b).norm() / b.norm()).item() <= 4 * U
 
 
 @requires_gpu
@@ -122,6 +184,15 @@ def test_reference_matches_the_fp64_formula():
         ref, ref_xh = _fp64(x, ln_w, ln_b, 1e-5, wab, wo, residual, s)
         assert torch.allclose(out.double(), ref.to(out.dtype).double(), rtol=1e-6, atol=1e-6)
         assert torch.allclose(xhat.double(), ref_xh, rtol=2 * U, atol=1e-6)
+
+
+def test_backward_reference_matches_the_fp64_formula():
+    x, ln_w, ln_b, wab, wo, _ = _inputs((3, 2), 64, torch.float32, "cpu", seed=12)
+    xhat = F.layer_norm(x, [C], ln_w, ln_b).bfloat16()
+    g = torch.randn(3, 2, C).bfloat16()
+    got = _transition.backward(xhat, g, wab, wo)
+    for t, w in zip(got, _fp64_backward(xhat, g, wab, wo)):
+        assert torch.allclose(t.double(), w, rtol=2 * U, atol=1e-3 * w.abs().max().item())
 
 
 @pytest.mark.parametrize(
