@@ -12,6 +12,7 @@
 // ~790 TFLOP/s; xhat and g read, h, [da | db] and dxhat written, 2.1 GB, 0.49 ms at 4.3 TB/s.
 #include "activation/gate_math.cuh"
 #include "common/kernel_attrs.h"
+#include "common/warp_roles.cuh"
 #include "transition/parts.cuh"
 
 namespace tpf::transition {
@@ -26,19 +27,22 @@ struct Layout {
   static constexpr uint32_t g = xhat + 2 * kHalf;          // bf16 [2 halves][128][64], TMA
   static constexpr uint32_t ab = g + 2 * kHalf;            // kAbStages of kAbStage
   static constexpr uint32_t o = ab + kAbStages * kAbStage;  // kOStages of kOStage
-  static constexpr uint32_t bars = o + kOStages * kOStage;  // mbarriers: inputs, ab[], o[]
-  static constexpr uint32_t bytes = bars + (1 + kAbStages + kOStages) * 8 + 1024;
+  static constexpr uint32_t bars = o + kOStages * kOStage;  // mbarriers: inputs full, empty; rings
+  static constexpr uint32_t ab_bars = bars + 16, o_bars = ab_bars + kAbStages * kRingBarBytes;
+  static constexpr uint32_t bytes = o_bars + kOStages * kRingBarBytes + 1024;
 };
 
 struct Maps {
   CUtensorMap xhat, g, w_ab, w_o;
 };
 
-__device__ uint32_t bar_at(uint32_t base, int i) { return base + Layout::bars + 8 * i; }
+// The input tiles' barriers: full (TMA) and empty (every consumer's last products waited for).
+__device__ uint32_t in_full(uint32_t base) { return base + Layout::bars; }
+__device__ uint32_t in_empty(uint32_t base) { return base + Layout::bars + 8; }
 
 // A tile's xhat and g: [64 c][128 rows] boxes into the two halves of each.
 __device__ void load_inputs(const Maps& m, uint32_t base, int64_t tile) {
-  const uint32_t bar = bar_at(base, 0);
+  const uint32_t bar = in_full(base);
   const int row = static_cast<int>(tile * kRows);
   dev::mbar_arrive_expect_tx(bar, 4 * kHalf);
 #pragma unroll
@@ -118,48 +122,44 @@ __device__ __forceinline__ void store_dxhat(const BwdArgs& a, const float (&dx)[
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BwdArgs a, const __grid_constant__ Maps m) {
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t raw = dev::smem_addr(smem_raw), base = raw + ((1024 - (raw & 1023)) & 1023);
-  const int tid = threadIdx.x, wg = tid / 128, nch = a.H / kChunk;
-  const int warp = (tid / 32) % 4, g = (tid % 32) / 4, t = tid % 4;
-  const int64_t tiles = (a.rows + kRows - 1) / kRows;
-  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x), total = my_tiles * nch;
-  const WeightLoads ld{&m.w_ab, &m.w_o, base + Layout::ab, base + Layout::o, bar_at(base, 1),
-                       bar_at(base, 1 + kAbStages), a.H, nch, kAbStages, kOStages};
-  if (tid == 0) {
-    for (int i = 0; i < 1 + kAbStages + kOStages; ++i) dev::mbar_init(bar_at(base, i), 1);
-    dev::mbar_init_fence();
-  }
-  __syncthreads();
-  if (tid == 0) {
-    load_inputs(m, base, blockIdx.x);
-    for (int q = 0; q < kAbStages - 1 && q < total; ++q) ld.load_ab(q);
-    for (int q = 0; q < kOStages && q < total; ++q) ld.load_o(q);
-  }
+// The producer: the weight chunks as far ahead as the rings allow; tile it's inputs once tile
+// it - 1's last products are done, after chunk (it, 0)'s weights.
+__device__ void produce(const Maps& m, uint32_t base, const WeightLoads& ld, int my_tiles) {
+  load_inputs(m, base, blockIdx.x);
+  for (int it = 0, q = 0; it < my_tiles; ++it)
+    for (int j = 0; j < ld.nch; ++j, ++q) {
+      ld.load_ab(q);
+      ld.load_o(q);
+      if (j == 0 && it > 0) {
+        dev::mbar_wait(in_empty(base), (it - 1) & 1);
+        load_inputs(m, base, blockIdx.x + int64_t(it) * gridDim.x);
+      }
+    }
+}
+
+// The consumers: per chunk the two recomputing products, SwiGLU's backward, then dxhat's
+// product, whose W_ab stage is released when the next chunk's wait covers it.
+__device__ void consume(uint32_t base, const BwdArgs& a, const WeightLoads& ld, int my_tiles) {
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   float acc[64], dh[32], dx[64];  // the wgmma accumulator layouts (common/wgmma.cuh)
   uint32_t d[8][4];               // [k16 step][A fragment] of [da | db]
-  int q = 0;                      // chunks done by this block
-  for (int it = 0; it < my_tiles; ++it) {
-    const int64_t tile = blockIdx.x + int64_t(it) * gridDim.x, row0 = tile * kRows + 64 * wg + 16 * warp + g;
-    dev::mbar_wait(bar_at(base, 0), it & 1);
-    for (int j = 0; j < nch; ++j, ++q) {
-      const uint32_t w_ab = ld.wait_ab(q);
+  for (int it = 0, q = 0; it < my_tiles; ++it) {
+    const int64_t row0 = (blockIdx.x + int64_t(it) * gridDim.x) * kRows + 64 * wg + 16 * warp + g;
+    dev::mbar_wait(in_full(base), it & 1);
+    for (int j = 0; j < ld.nch; ++j, ++q) {
+      const uint32_t w_ab = ld.ab.wait(q);
       dev::wgmma_fence();
       up_projection(acc, base + Layout::xhat, w_ab, wg);
-      hidden_grad(dh, base + Layout::g, ld.wait_o(q), wg);
+      hidden_grad(dh, base + Layout::g, ld.o.wait(q), wg);
       dev::wgmma_commit();
       dev::wgmma_wait<0>();  // these two and the previous chunk's input gradient
       dev::wgmma_fence_operands(acc);
       dev::wgmma_fence_operands(dh);
       dev::wgmma_fence_operands(dx);
       keep_fragments(d);
-      __syncthreads();  // W_o stage q, W_ab stage q - 1 and, at a tile's last chunk, xhat and g are free
-      if (tid == 0) {
-        if (q + kOStages < total) ld.load_o(q + kOStages);
-        if (q + kAbStages - 1 < total) ld.load_ab(q + kAbStages - 1);
-        if (j + 1 == nch && it + 1 < my_tiles) load_inputs(m, base, tile + gridDim.x);
-      }
+      ld.o.release(q);
+      if (j > 0) ld.ab.release(q - 1);
+      if (j + 1 == ld.nch) dev::mbar_arrive(in_empty(base));
       swiglu_backward(d, acc, dh, a, row0, j, t);
       dev::wgmma_fence();
       input_grad(dx, d, w_ab, j == 0);
@@ -168,7 +168,32 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BwdArgs a, 
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(dx);
     keep_fragments(d);
+    ld.ab.release(q - 1);
     store_dxhat(a, dx, row0, t);
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) backward_kernel(const BwdArgs a, const __grid_constant__ Maps m) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = dev::smem_addr(smem_raw), base = raw + ((1024 - (raw & 1023)) & 1023);
+  const int64_t tiles = (a.rows + kRows - 1) / kRows;
+  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const WeightLoads ld{&m.w_ab, &m.w_o, {base + Layout::ab, base + Layout::ab_bars, kAbStage, kAbStages},
+                       {base + Layout::o, base + Layout::o_bars, kOStage, kOStages}, a.H, a.H / kChunk};
+  if (threadIdx.x == 0) {
+    dev::mbar_init(in_full(base), 1);
+    dev::mbar_init(in_empty(base), kConsumers);
+    ld.ab.init(kConsumers);
+    ld.o.init(kConsumers);
+    dev::mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {
+    dev::regs_decrease<kProducerRegs>();
+    if (threadIdx.x == kConsumers) produce(m, base, ld, my_tiles);
+  } else {
+    dev::regs_increase<kConsumerRegs>();
+    consume(base, a, ld, my_tiles);
   }
 }
 
@@ -186,7 +211,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
   cudaError_t e;
   if ((e = persistent_blocks((a.rows + kRows - 1) / kRows, &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(backward_kernel, Layout::bytes)) != cudaSuccess) return e;
-  backward_kernel<<<blocks, kThreads, Layout::bytes, stream>>>(a, m);
+  backward_kernel<<<blocks, kBlockThreads, Layout::bytes, stream>>>(a, m);
   return cudaGetLastError();
 }
 

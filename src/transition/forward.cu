@@ -6,10 +6,11 @@
 //   [a | b]_j = xhat W_ab,j^T      m64n128k16 x 8, both operands in shared memory
 //   h_j = silu(a_j) b_j             in registers, as the A fragments of
 //   y += h_j W_o,j^T                m64n128k16 x 4, A from registers
-// and the epilogue rounds y, stages it in xhat's place and writes x + scale y row by row. The
-// W_ab and W_o chunks stream from L2 by TMA into two stages each, refilled as soon as the wgmma
-// reading them is waited for; the down projection of chunk j runs under the up projection of
-// chunk j + 1.
+// and the epilogue rounds y, stages it in xhat's place and writes x + scale y row by row. A
+// producer warp streams the W_ab and W_o chunks from L2 by TMA into two stages each, refilled
+// as soon as both warpgroups' wgmma reading them are waited for, so that the warpgroups drift
+// apart and one's SwiGLU runs under the other's products; the down projection of chunk j also
+// runs under the up projection of chunk j + 1.
 //
 // Floor at N = 768 (589,824 rows, H = 512): 196,608 multiply-adds a row, 232 GFLOP, 0.29 ms
 // at the ~790 TFLOP/s measured on random data; x read, out (fp32) and xhat written, 0.75 GB,
@@ -34,28 +35,41 @@ struct Layout {
   static constexpr uint32_t ab = xhat + 2 * kHalf;              // 2 stages of kAbStage
   static constexpr uint32_t o = ab + 2 * kAbStage;              // 2 stages of kOStage
   static constexpr uint32_t params = o + 2 * kOStage;           // fp32 [ln_w | ln_b]
-  static constexpr uint32_t bars = params + 2 * kC * 4;         // mbarriers: x, ab[2], o[2]
-  static constexpr uint32_t bytes = bars + 5 * 8 + 1024;        // + the alignment slack
+  static constexpr uint32_t bars = params + 2 * kC * 4;         // mbarriers: x full, empty; rings
+  static constexpr uint32_t ab_bars = bars + 16, o_bars = ab_bars + 2 * kRingBarBytes;
+  static constexpr uint32_t bytes = o_bars + 2 * kRingBarBytes + 1024;  // + the alignment slack
 };
 
 struct Maps {
   CUtensorMap x, w_ab, w_o;
 };
 
+// The x tile's barriers: full (TMA) and empty (every consumer normalised its rows).
 template <class Tx>
-__device__ uint32_t bar_at(uint32_t base, int i) { return base + Layout<Tx>::bars + 8 * i; }
-
-// The weights' stages of Layout<Tx>: two each.
+__device__ uint32_t x_full(uint32_t base) { return base + Layout<Tx>::bars; }
 template <class Tx>
-__device__ WeightLoads weight_loads(const Maps& m, uint32_t base, int H) {
-  using L = Layout<Tx>;
-  return {&m.w_ab, &m.w_o, base + L::ab, base + L::o, bar_at<Tx>(base, 1), bar_at<Tx>(base, 3), H, H / kChunk, 2, 2};
-}
+__device__ uint32_t x_empty(uint32_t base) { return base + Layout<Tx>::bars + 8; }
 
 template <class Tx>
 __device__ void load_x(const Maps& m, uint32_t base, int64_t tile) {
-  dev::mbar_arrive_expect_tx(bar_at<Tx>(base, 0), kRows * kC * sizeof(Tx));
-  dev::tma_load_2d(base + Layout<Tx>::x, &m.x, bar_at<Tx>(base, 0), 0, static_cast<int>(tile * kRows));
+  dev::mbar_arrive_expect_tx(x_full<Tx>(base), kRows * kC * sizeof(Tx));
+  dev::tma_load_2d(base + Layout<Tx>::x, &m.x, x_full<Tx>(base), 0, static_cast<int>(tile * kRows));
+}
+
+// The producer: x tile by tile, the weight chunks two ahead of the consumers (the rings' depth).
+// Tile it + 1's x goes once tile it is normalised, after chunk min(1, nch - 1)'s weights.
+template <class Tx>
+__device__ void produce(const Maps& m, uint32_t base, const WeightLoads& ld, int my_tiles) {
+  load_x<Tx>(m, base, blockIdx.x);
+  for (int it = 0, q = 0; it < my_tiles; ++it)
+    for (int j = 0; j < ld.nch; ++j, ++q) {
+      ld.load_ab(q);
+      ld.load_o(q);
+      if (j == min(1, ld.nch - 1) && it + 1 < my_tiles) {
+        dev::mbar_wait(x_empty<Tx>(base), it & 1);
+        load_x<Tx>(m, base, blockIdx.x + int64_t(it + 1) * gridDim.x);
+      }
+    }
 }
 
 // The LayerNorm of the warpgroup's 64 rows: xhat into shared memory (and global), the stats.
@@ -155,59 +169,69 @@ __device__ void store_rows(uint8_t* smem, const FwdArgs& a, const float (&y)[64]
   }
 }
 
+// The consumers: per tile the LayerNorm, then per chunk the up projection, SwiGLU and the down
+// projection, whose stage is released when the next chunk's wait covers it; then the epilogue.
 template <class Tx>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs a, const __grid_constant__ Maps m) {
+__device__ void consume(uint8_t* smem, uint32_t base, const FwdArgs& a, const WeightLoads& ld, int my_tiles) {
   using L = Layout<Tx>;
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
-  const uint32_t base = dev::smem_addr(smem);
-  const int tid = threadIdx.x, wg = tid / 128, tl = tid % 128, nch = a.H / kChunk;
-  const int64_t tiles = (a.rows + kRows - 1) / kRows;
-  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x), total = my_tiles * nch;
-  const WeightLoads ld = weight_loads<Tx>(m, base, a.H);
-  float* params = reinterpret_cast<float*>(smem + L::params);
-  for (int c = tid; c < kC; c += kThreads) params[c] = a.ln_w ? a.ln_w[c] : 1.f, params[kC + c] = a.ln_b ? a.ln_b[c] : 0.f;
-  if (tid == 0) {
-    for (int i = 0; i < 5; ++i) dev::mbar_init(bar_at<Tx>(base, i), 1);
-    dev::mbar_init_fence();
-  }
-  __syncthreads();
-  if (tid == 0) {
-    load_x<Tx>(m, base, blockIdx.x);
-    ld.load_ab(0);
-    if (total > 1) ld.load_ab(1);
-    ld.load_o(0);
-  }
+  const int wg = threadIdx.x / 128, tl = threadIdx.x % 128;
   float y[64], acc[64];  // the m64n128 accumulator layout (common/wgmma.cuh)
   uint32_t h[4][4];      // [k16 step][A fragment]
-  int q = 0;             // chunks done by this block: the stage is q % 2, its use q / 2
-  for (int it = 0; it < my_tiles; ++it) {
-    const int64_t tile = blockIdx.x + int64_t(it) * gridDim.x;
-    dev::mbar_wait(bar_at<Tx>(base, 0), it & 1);
-    normalize_rows<Tx>(smem, a, tile * kRows, wg, tl);
-    dev::fence_proxy_async();  // xhat's st.shared, visible to wgmma
-    __syncthreads();           // and x's tile is free for the next one
-    if (tid == 0 && it + 1 < my_tiles) load_x<Tx>(m, base, tile + gridDim.x);
-    for (int j = 0; j < nch; ++j, ++q) {
+  for (int it = 0, q = 0; it < my_tiles; ++it) {
+    const int64_t m0 = (blockIdx.x + int64_t(it) * gridDim.x) * kRows;
+    dev::mbar_wait(x_full<Tx>(base), it & 1);
+    normalize_rows<Tx>(smem, a, m0, wg, tl);
+    dev::mbar_arrive(x_empty<Tx>(base));
+    dev::fence_proxy_async();       // xhat's st.shared, visible to wgmma
+    dev::bar_sync(1 + wg, 128);     // the warpgroup's rows are all written
+    for (int j = 0; j < ld.nch; ++j, ++q) {
       dev::wgmma_fence();
-      up_projection(acc, base + L::xhat, ld.wait_ab(q), wg);
+      up_projection(acc, base + L::xhat, ld.ab.wait(q), wg);
       dev::wgmma_commit();
       dev::wgmma_wait<0>();  // this chunk's up projection and the previous chunk's down projection
       dev::wgmma_fence_operands(acc);
       dev::wgmma_fence_operands(y);
       keep_fragments(h);
-      __syncthreads();  // W_ab stage s and W_o stage (q + 1) % 2 are read by nobody now
-      if (tid == 0) {
-        if (q + 2 < total) ld.load_ab(q + 2);
-        if (q + 1 < total) ld.load_o(q + 1);
-      }
+      ld.ab.release(q);
+      if (j > 0) ld.o.release(q - 1);
       swiglu_fragments(h, acc);
-      down_projection(y, h, ld.wait_o(q), j == 0);
+      down_projection(y, h, ld.o.wait(q), j == 0);
     }
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(y);
     keep_fragments(h);
-    store_rows<Tx>(smem, a, y, tile * kRows, wg, tl);
+    ld.o.release(q - 1);
+    store_rows<Tx>(smem, a, y, m0, wg, tl);
+  }
+}
+
+template <class Tx>
+__global__ void __launch_bounds__(kBlockThreads, 1) forward_kernel(const FwdArgs a, const __grid_constant__ Maps m) {
+  using L = Layout<Tx>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t base = dev::smem_addr(smem);
+  const int tid = threadIdx.x;
+  const int64_t tiles = (a.rows + kRows - 1) / kRows;
+  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const WeightLoads ld{&m.w_ab, &m.w_o, {base + L::ab, base + L::ab_bars, kAbStage, 2},
+                       {base + L::o, base + L::o_bars, kOStage, 2}, a.H, a.H / kChunk};
+  float* params = reinterpret_cast<float*>(smem + L::params);
+  for (int c = tid; c < kC; c += kBlockThreads) params[c] = a.ln_w ? a.ln_w[c] : 1.f, params[kC + c] = a.ln_b ? a.ln_b[c] : 0.f;
+  if (tid == 0) {
+    dev::mbar_init(x_full<Tx>(base), 1);
+    dev::mbar_init(x_empty<Tx>(base), kConsumers);
+    ld.ab.init(kConsumers);
+    ld.o.init(kConsumers);
+    dev::mbar_init_fence();
+  }
+  __syncthreads();
+  if (tid >= kConsumers) {
+    dev::regs_decrease<kProducerRegs>();
+    if (tid == kConsumers) produce<Tx>(m, base, ld, my_tiles);
+  } else {
+    dev::regs_increase<kConsumerRegs>();
+    consume<Tx>(smem, base, a, ld, my_tiles);
   }
 }
 
@@ -224,7 +248,7 @@ cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
   cudaError_t e;
   if ((e = persistent_blocks((a.rows + kRows - 1) / kRows, &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(forward_kernel<Tx>, kBytes)) != cudaSuccess) return e;
-  forward_kernel<Tx><<<blocks, kThreads, kBytes, stream>>>(a, m);
+  forward_kernel<Tx><<<blocks, kBlockThreads, kBytes, stream>>>(a, m);
   return cudaGetLastError();
 }
 

@@ -22,7 +22,6 @@ namespace tpf::transition {
 using bf16 = __nv_bfloat16;
 
 constexpr int kRows = 128;  // rows of a tile: two warpgroups of 64
-constexpr int kThreads = 256;
 constexpr uint32_t kHalf = kRows * 64 * 2;     // [128 rows][64] bf16, 128B-swizzled: 16 KB
 constexpr uint32_t kAbStage = 2 * kHalf;       // W_ab chunk: [2 k halves][64 a | 64 b rows][64]
 constexpr uint32_t kOStage = kC * kChunk * 2;  // W_o chunk: [128 c][64 hidden units]
@@ -35,17 +34,44 @@ __device__ __forceinline__ bf16* half_tile_at(bf16* t, int r, int c) {
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// The TMA issues of one thread for the weight chunks: chunk q % nch into stage q % stages.
+// A ring of shared-memory stages filled by TMA: per stage a full barrier (the copy's bytes
+// landed) and an empty one (every consumer thread released it), 16 bytes a stage at `bars`.
+// Chunk q takes stage q % stages in its use q / stages.
+struct Ring {
+  uint32_t smem, bars, stage_bytes;
+  int stages;
+  __device__ uint32_t full(int s) const { return bars + 16 * s; }
+  __device__ uint32_t empty(int s) const { return bars + 16 * s + 8; }
+  __device__ void init(int consumers) const {
+    for (int s = 0; s < stages; ++s) dev::mbar_init(full(s), 1), dev::mbar_init(empty(s), consumers);
+  }
+  // Producer: waits for the stage's previous use to be released; returns the full barrier,
+  // which now expects the stage's bytes.
+  __device__ uint32_t acquire(int q) const {
+    const int s = q % stages;
+    if (q >= stages) dev::mbar_wait(empty(s), ((q / stages) - 1) & 1);
+    dev::mbar_arrive_expect_tx(full(s), stage_bytes);
+    return full(s);
+  }
+  __device__ uint32_t at(int q) const { return smem + (q % stages) * stage_bytes; }
+  // Consumer: waits for chunk q's bytes; returns the stage's address.
+  __device__ uint32_t wait(int q) const {
+    dev::mbar_wait(full(q % stages), (q / stages) & 1);
+    return at(q);
+  }
+  __device__ void release(int q) const { dev::mbar_arrive(empty(q % stages)); }
+};
+constexpr uint32_t kRingBarBytes = 16;  // a stage's two barriers
+
+// The producer's TMA issues for the weight chunks: chunk q % nch of W_ab or W_o.
 struct WeightLoads {
   const CUtensorMap* w_ab;
   const CUtensorMap* w_o;
-  uint32_t ab, o;          // shared addresses of the stages
-  uint32_t ab_bar, o_bar;  // shared addresses of the stages' mbarriers (8 bytes apart)
-  int H, nch, ab_stages, o_stages;
+  Ring ab, o;
+  int H, nch;
   __device__ void load_ab(int q) const {
-    const int j = q % nch, s = q % ab_stages;
-    const uint32_t dst = ab + s * kAbStage, bar = ab_bar + 8 * s;
-    dev::mbar_arrive_expect_tx(bar, kAbStage);
+    const int j = q % nch;
+    const uint32_t bar = ab.acquire(q), dst = ab.at(q);
 #pragma unroll
     for (int kh = 0; kh < 2; ++kh) {
       dev::tma_load_2d(dst + kh * kHalf, w_ab, bar, 64 * kh, j * kChunk);
@@ -53,20 +79,17 @@ struct WeightLoads {
     }
   }
   __device__ void load_o(int q) const {
-    const int j = q % nch, s = q % o_stages;
-    dev::mbar_arrive_expect_tx(o_bar + 8 * s, kOStage);
-    dev::tma_load_2d(o + s * kOStage, w_o, o_bar + 8 * s, j * kChunk, 0);
-  }
-  // Waits for chunk q's stage: its use q / stages has that parity.
-  __device__ uint32_t wait_ab(int q) const {
-    dev::mbar_wait(ab_bar + 8 * (q % ab_stages), (q / ab_stages) & 1);
-    return ab + (q % ab_stages) * kAbStage;
-  }
-  __device__ uint32_t wait_o(int q) const {
-    dev::mbar_wait(o_bar + 8 * (q % o_stages), (q / o_stages) & 1);
-    return o + (q % o_stages) * kOStage;
+    const uint32_t bar = o.acquire(q);
+    dev::tma_load_2d(o.at(q), w_o, bar, (q % nch) * kChunk, 0);
   }
 };
+
+// The block: two consumer warpgroups and a producer warpgroup, one thread of which issues every
+// TMA copy; the producer hands its registers to the consumers (setmaxnreg: 168 each at launch,
+// 384 x 168 <= 64 K; then 128 x 40 + 256 x 232).
+constexpr int kConsumers = 256;
+constexpr int kBlockThreads = kConsumers + 128;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 // acc = xhat W_ab,j^T for the warpgroup's 64 rows: 8 k16 steps over C (issued, not committed).
 __device__ __forceinline__ void up_projection(float (&acc)[64], uint32_t xhat, uint32_t w_ab, int wg) {
