@@ -5,8 +5,9 @@
 //   dh_j = g W_o,j                 m64n64k16 x 8 (W_o's chunk read MN-major)
 //   h, da, db                      in registers: SwiGLU's backward, the unfused kernel's math
 //   dxhat += [da | db]_j W_ab,j    m64n128k16 x 8, A from registers, W_ab's chunk read MN-major
-// writing h and [da | db] (the weight gradients' operands, summed by the GEMMs after) and dxhat
-// (the LayerNorm backward's input). The [rows, 2H] activation is never read back from memory.
+// writing h and [da | db] (the weight gradients' operands, summed by the GEMMs after; staged per
+// warp in shared memory for 16-byte stores) and dxhat (the LayerNorm backward's input). The
+// [rows, 2H] activation is never read back from memory.
 //
 // Floor at N = 768 (589,824 rows, H = 512): 327,680 multiply-adds a row, 387 GFLOP, 0.49 ms at
 // ~790 TFLOP/s; xhat and g read, h, [da | db] and dxhat written, 2.1 GB, 0.49 ms at 4.3 TB/s.
@@ -18,8 +19,10 @@
 namespace tpf::transition {
 namespace {
 
-constexpr int kAbStages = 3;  // W_ab's chunk is read by the first and the last product
+constexpr int kAbStages = 2;
 constexpr int kOStages = 2;
+constexpr uint32_t kWarpTile = 16 * 64 * 2;    // a warp's 16 rows of 64 bf16, 128B-swizzled: 2 KB
+constexpr uint32_t kWarpStage = 3 * kWarpTile;  // its h, da and db of one chunk
 
 // Shared memory, byte offsets from a 1024-byte aligned base.
 struct Layout {
@@ -27,7 +30,8 @@ struct Layout {
   static constexpr uint32_t g = xhat + 2 * kHalf;          // bf16 [2 halves][128][64], TMA
   static constexpr uint32_t ab = g + 2 * kHalf;            // kAbStages of kAbStage
   static constexpr uint32_t o = ab + kAbStages * kAbStage;  // kOStages of kOStage
-  static constexpr uint32_t bars = o + kOStages * kOStage;  // mbarriers: inputs full, empty; rings
+  static constexpr uint32_t stage = o + kOStages * kOStage;  // 8 warps x kWarpStage: h, da, db
+  static constexpr uint32_t bars = stage + 8 * kWarpStage;   // mbarriers: inputs full, empty; rings
   static constexpr uint32_t ab_bars = bars + 16, o_bars = ab_bars + kAbStages * kRingBarBytes;
   static constexpr uint32_t bytes = o_bars + kOStages * kRingBarBytes + 1024;
 };
@@ -62,42 +66,49 @@ __device__ __forceinline__ void hidden_grad(float (&dh)[32], uint32_t g, uint32_
 }
 
 // SwiGLU's backward on the accumulators (a: columns 0-63 of acc, b: 64-127, dh: 0-63), each
-// rounded to bf16 as the unfused path stores them: h and [da | db] stored (rows < rows), and
-// [da | db] as the A fragments of dxhat's 8 k16 steps (da's 4, then db's).
+// rounded to bf16 as the unfused path stores them: h, da and db staged in the warp's tiles
+// (rows g, g + 8 of its 16), and [da | db] as the A fragments of dxhat's 8 k16 steps (da's 4,
+// then db's).
 __device__ __forceinline__ void swiglu_backward(uint32_t (&d)[8][4], const float (&acc)[64], const float (&dh)[32],
-                                                const BwdArgs& a, int64_t row0, int j, int t) {
+                                                bf16* stage, int g, int t) {
   using A = act::Act<act::Gate::kSilu>;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    float da[4], db[4], h[4];  // [accumulator element]: (row0 + 8 (e / 2), column 8 i + 2 t + e % 2)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = round_bf16(acc[4 * i + e]), b = round_bf16(acc[4 * (i + 8) + e]), gd = round_bf16(dh[4 * i + e]);
-      const float s = act::sigmoid(x), f = A::value(x, s);
-      da[e] = gd * b * A::slope(x, s), db[e] = gd * f, h[e] = f * b;
-    }
-    const int col = j * kChunk + 8 * i + 2 * t;
+    uint32_t h2[2], da2[2], db2[2];  // [row g, g + 8]: columns 8 i + 2 t, + 1 as bf16 pairs
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int64_t row = row0 + 8 * hr;
-      if (row >= a.rows) continue;
-      auto st = [&](bf16* p, const float* v) {
-        *reinterpret_cast<uint32_t*>(p) = dev::MmaOp<bf16>::pack(v[2 * hr], v[2 * hr + 1]);
-      };
-      st(a.h + row * a.H + col, h);
-      st(a.dab + row * 2 * a.H + col, da);
-      st(a.dab + row * 2 * a.H + a.H + col, db);
-    }
-    float ra[4], rb[4];
+      float da[2], db[2], h[2];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) ra[e] = round_bf16(da[e]), rb[e] = round_bf16(db[e]);
-    if (i % 2 == 0) {
-      d[i / 2][0] = dev::MmaOp<bf16>::pack(ra[0], ra[1]), d[i / 2][1] = dev::MmaOp<bf16>::pack(ra[2], ra[3]);
-      d[4 + i / 2][0] = dev::MmaOp<bf16>::pack(rb[0], rb[1]), d[4 + i / 2][1] = dev::MmaOp<bf16>::pack(rb[2], rb[3]);
-    } else {
-      d[i / 2][2] = dev::MmaOp<bf16>::pack(ra[0], ra[1]), d[i / 2][3] = dev::MmaOp<bf16>::pack(ra[2], ra[3]);
-      d[4 + i / 2][2] = dev::MmaOp<bf16>::pack(rb[0], rb[1]), d[4 + i / 2][3] = dev::MmaOp<bf16>::pack(rb[2], rb[3]);
+      for (int e = 0; e < 2; ++e) {
+        const int k = 4 * i + 2 * hr + e;
+        const float x = round_bf16(acc[k]), b = round_bf16(acc[k + 32]), gd = round_bf16(dh[k]);
+        const float s = act::sigmoid(x), f = A::value(x, s);
+        da[e] = gd * b * A::slope(x, s), db[e] = gd * f, h[e] = f * b;
+      }
+      h2[hr] = dev::MmaOp<bf16>::pack(h[0], h[1]);
+      da2[hr] = dev::MmaOp<bf16>::pack(da[0], da[1]);
+      db2[hr] = dev::MmaOp<bf16>::pack(db[0], db[1]);
+      const int r = g + 8 * hr;
+      *reinterpret_cast<uint32_t*>(dev::tile_at<64>(stage, r, i) + 2 * t) = h2[hr];
+      *reinterpret_cast<uint32_t*>(dev::tile_at<64>(stage + kWarpTile / 2, r, i) + 2 * t) = da2[hr];
+      *reinterpret_cast<uint32_t*>(dev::tile_at<64>(stage + kWarpTile, r, i) + 2 * t) = db2[hr];
     }
+    // acc_to_a's order: tile 2 kk gives fragments 0, 1 (rows g, g + 8), tile 2 kk + 1 gives 2, 3
+    d[i / 2][2 * (i % 2)] = da2[0], d[i / 2][2 * (i % 2) + 1] = da2[1];
+    d[4 + i / 2][2 * (i % 2)] = db2[0], d[4 + i / 2][2 * (i % 2) + 1] = db2[1];
+  }
+}
+
+// The warp's staged h, da, db rows to memory in 16-byte pieces (8 lanes a 128-byte row piece).
+__device__ __forceinline__ void store_hidden(const BwdArgs& a, const bf16* stage, int64_t row0, int j, int lane) {
+#pragma unroll
+  for (int m = 0; m < 12; ++m) {
+    const int k = lane + 32 * m, tile = k / 128, r = (k % 128) / 8, c = k % 8;
+    const int64_t row = row0 + r;
+    if (row >= a.rows) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(dev::tile_at<64>(stage + tile * (kWarpTile / 2), r, c));
+    bf16* dst = tile == 0 ? a.h + row * a.H : a.dab + row * 2 * a.H + (tile == 2 ? a.H : 0);
+    *reinterpret_cast<uint4*>(dst + j * kChunk + 8 * c) = v;
   }
 }
 
@@ -139,12 +150,13 @@ __device__ void produce(const Maps& m, uint32_t base, const WeightLoads& ld, int
 
 // The consumers: per chunk the two recomputing products, SwiGLU's backward, then dxhat's
 // product, whose W_ab stage is released when the next chunk's wait covers it.
-__device__ void consume(uint32_t base, const BwdArgs& a, const WeightLoads& ld, int my_tiles) {
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+__device__ void consume(uint8_t* smem_base, uint32_t base, const BwdArgs& a, const WeightLoads& ld, int my_tiles) {
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  bf16* stage = reinterpret_cast<bf16*>(smem_base) + (Layout::stage + (threadIdx.x / 32) * kWarpStage) / 2;
   float acc[64], dh[32], dx[64];  // the wgmma accumulator layouts (common/wgmma.cuh)
   uint32_t d[8][4];               // [k16 step][A fragment] of [da | db]
   for (int it = 0, q = 0; it < my_tiles; ++it) {
-    const int64_t row0 = (blockIdx.x + int64_t(it) * gridDim.x) * kRows + 64 * wg + 16 * warp + g;
+    const int64_t warp_row0 = (blockIdx.x + int64_t(it) * gridDim.x) * kRows + 64 * wg + 16 * warp, row0 = warp_row0 + g;
     dev::mbar_wait(in_full(base), it & 1);
     for (int j = 0; j < ld.nch; ++j, ++q) {
       const uint32_t w_ab = ld.ab.wait(q);
@@ -160,10 +172,13 @@ __device__ void consume(uint32_t base, const BwdArgs& a, const WeightLoads& ld, 
       ld.o.release(q);
       if (j > 0) ld.ab.release(q - 1);
       if (j + 1 == ld.nch) dev::mbar_arrive(in_empty(base));
-      swiglu_backward(d, acc, dh, a, row0, j, t);
+      __syncwarp();  // the previous chunk's staged rows are read
+      swiglu_backward(d, acc, dh, stage, g, t);
       dev::wgmma_fence();
       input_grad(dx, d, w_ab, j == 0);
       dev::wgmma_commit();
+      __syncwarp();
+      store_hidden(a, stage, warp_row0, j, lane);
     }
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(dx);
@@ -175,7 +190,8 @@ __device__ void consume(uint32_t base, const BwdArgs& a, const WeightLoads& ld, 
 
 __global__ void __launch_bounds__(kBlockThreads, 1) backward_kernel(const BwdArgs a, const __grid_constant__ Maps m) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t raw = dev::smem_addr(smem_raw), base = raw + ((1024 - (raw & 1023)) & 1023);
+  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t base = dev::smem_addr(smem);
   const int64_t tiles = (a.rows + kRows - 1) / kRows;
   const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const WeightLoads ld{&m.w_ab, &m.w_o, {base + Layout::ab, base + Layout::ab_bars, kAbStage, kAbStages},
@@ -193,7 +209,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) backward_kernel(const BwdArg
     if (threadIdx.x == kConsumers) produce(m, base, ld, my_tiles);
   } else {
     dev::regs_increase<kConsumerRegs>();
-    consume(base, a, ld, my_tiles);
+    consume(smem, base, a, ld, my_tiles);
   }
 }
 

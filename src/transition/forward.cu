@@ -131,12 +131,24 @@ __device__ __forceinline__ void down_projection(float (&y)[64], const uint32_t (
   dev::wgmma_commit();
 }
 
-// out = x + scale y (or y) for the warpgroup's 64 rows: y rounded to bf16 and staged in xhat's
-// place (this warpgroup's rows only), then written row by row in 16-byte pieces.
+// out = x + scale y (or y) for the warpgroup's 64 rows: the residual's x rows are loaded
+// first (all of them, so that one latency covers the tile), y is rounded to bf16 and staged in
+// xhat's place (this warpgroup's rows only), then everything is written row by row in 16-byte
+// pieces.
 template <class Tx>
 __device__ void store_rows(uint8_t* smem, const FwdArgs& a, const float (&y)[64], int64_t m0, int wg, int tl) {
+  constexpr int kPasses = 64 / kRowsPerPass, kUnits = kC / (4 * kGroupLanes);
   bf16* ys = reinterpret_cast<bf16*>(smem + Layout<Tx>::xhat);
-  const int w = tl / 32, g = (tl % 32) / 4, t = tl % 4;
+  const int w = tl / 32, g = (tl % 32) / 4, t = tl % 4, l = tl % kGroupLanes;
+  float xv[kPasses][kUnits][4] = {}, s[kPasses];  // this lane's x (channel unit_channel(l, u) + e) and scale
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t row = m0 + 64 * wg + kRowsPerPass * p + tl / kGroupLanes;
+    s[p] = a.scale && row < a.rows ? a.scale[row] : 1.f;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
+      if (a.residual && row < a.rows) rows::load4(xv[p][u], static_cast<const Tx*>(a.x) + row * kC + rows::unit_channel(l, u), true);
+  }
 #pragma unroll
   for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -144,23 +156,19 @@ __device__ void store_rows(uint8_t* smem, const FwdArgs& a, const float (&y)[64]
       *reinterpret_cast<uint32_t*>(half_tile_at(ys, 64 * wg + 16 * w + g + 8 * hr, 8 * i + 2 * t)) =
           dev::MmaOp<bf16>::pack(y[4 * i + 2 * hr], y[4 * i + 2 * hr + 1]);
   dev::bar_sync(1 + wg, 128);
-  const int l = tl % kGroupLanes;
-#pragma unroll 1
-  for (int p = 0; p < 64 / kRowsPerPass; ++p) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
     const int r = 64 * wg + kRowsPerPass * p + tl / kGroupLanes;
     const int64_t row = m0 + r;
     if (row >= a.rows) break;
-    const float s = a.scale ? a.scale[row] : 1.f;
 #pragma unroll
-    for (int u = 0; u < kC / (4 * kGroupLanes); ++u) {
+    for (int u = 0; u < kUnits; ++u) {
       const int c = rows::unit_channel(l, u);
       float v[4];  // [e] channel c + e
       rows::load4(v, half_tile_at(ys, r, c), true);
       if (a.residual) {
-        float xv[4];
-        rows::load4(xv, static_cast<const Tx*>(a.x) + row * kC + c, true);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = xv[e] + s * v[e];
+        for (int e = 0; e < 4; ++e) v[e] = xv[p][u][e] + s[p] * v[e];
         rows::store4(static_cast<Tx*>(a.out) + row * kC + c, v, true);
       } else {
         rows::store4(static_cast<bf16*>(a.out) + row * kC + c, v, true);

@@ -44,7 +44,7 @@ def _unfused(x, ln_w, ln_b, eps, wab, wo, residual, scale):
     xh = F.layer_norm(x.float(), [C], ln_w, ln_b, eps).bfloat16()
     y = F.linear(_swiglu.forward(F.linear(xh, wab)), wo)
     if residual:
-        y = x.float() + (1 if scale is None else scale.unsqueeze(-1)) * y.float()
+        y = (x.float() + (1 if scale is None else scale.unsqueeze(-1)) * y.float()).to(x.dtype)
     return y
 
 
