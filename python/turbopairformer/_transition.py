@@ -15,7 +15,7 @@ from . import _calls, _native
 C = 128
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
@@ -40,7 +40,11 @@ def forward(x, ln_w, ln_b, eps, wab, wo, residual: bool, scale=None):
     transition(x) in bf16; xhat = LayerNorm(x) in bf16 and its fp32 row statistics. x
     contiguous; wab [2H, C] and wo [C, H] bf16 contiguous."""
     rows = x.numel() // max(x.shape[-1], 1)
-    out = torch.empty_like(x) if residual else torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    out = (
+        torch.empty_like(x)
+        if residual
+        else torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    )
     xhat = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     mean = torch.empty(rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
@@ -74,7 +78,14 @@ def backward(xhat, g, wab, wo):
     dab = torch.empty((*lead, 2 * H), dtype=torch.bfloat16, device=xhat.device)
     dxhat = torch.empty_like(xhat)
     a = _calls.struct(
-        _native.TpfTransitionBackwardArgs, xhat=xhat, g=g, w_ab=wab, w_o=wo, h=h, dab=dab, dxhat=dxhat
+        _native.TpfTransitionBackwardArgs,
+        xhat=xhat,
+        g=g,
+        w_ab=wab,
+        w_o=wo,
+        h=h,
+        dab=dab,
+        dxhat=dxhat,
     )
     _calls.run(_native.LIB.tpf_transition_backward, a, xhat)
     return h, dab, dxhat

@@ -851,6 +851,12 @@ def main(argv=None):
         "update ones (e.g. turbopairformer,cuequivariance,trifast)",
     )
     ap.add_argument(
+        "--transition",
+        action="store_true",
+        help="only the pair transition's node, fused kernels against the unfused path, at --n "
+        "(default 384,768,1024)",
+    )
+    ap.add_argument(
         "--breakdown",
         action="store_true",
         help="with --pairformer: each pair-track module alone, ours and plain PyTorch, with our "
@@ -901,7 +907,11 @@ def main(argv=None):
         )
         return
     report_run = not (
-        args.trimul_accuracy or args.attention_accuracy or args.pairformer or args.head_dims
+        args.trimul_accuracy
+        or args.attention_accuracy
+        or args.pairformer
+        or args.head_dims
+        or args.transition
     )
     directions = args.trimul_directions.split(",")
     if report_run and not set(directions) <= {"outgoing", "incoming"}:
@@ -925,6 +935,17 @@ def main(argv=None):
         rows = trimul_floor_table([int(n) for n in args.trimul_accuracy.split(",")])
         write_floor_table(rows, out, gpu)
         print(f"written {out}/trimul_accuracy.md")
+        return
+    if args.transition:
+        from . import bench_transition
+
+        out = _out_dir(args.out, gpu)
+        command = "python -m turbopairformer.bench " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        rows = bench_transition.table([int(n) for n in (args.n or "384,768,1024").split(",")])
+        bench_transition.write(rows, out, gpu, command)
+        print(f"written {out}/transition.md")
         return
     if args.attention_accuracy:
         from . import bench_accuracy

@@ -518,6 +518,7 @@ KERNEL_GROUPS = (
     ("attention backward", r"tpf::attn::.*(backward|delta|dq_finalize|dbias)"),
     ("attention forward", r"tpf::attn::"),
     ("multiplicative update", r"tpf::trimul::"),
+    ("SwiGLU transition", r"tpf::transition::"),
     ("LayerNorm", r"tpf::norm::"),
     ("SwiGLU, sigmoid gate", r"tpf::act::"),
     ("residual adds", r"tpf::residual::"),

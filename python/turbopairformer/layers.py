@@ -185,7 +185,9 @@ class _SwiGLUTransition(torch.autograd.Function):
             if _norm.gpu_supported(x, ln_w, cd) and _transition.supported(
                 x, wab, cd, scale if residual else None
             ):  # one kernel, the [*, 2H] activation on chip, as in the backward's
-                out, xn, *stats = _transition.forward(x, ln_w, ln_b, eps, wab, wo_c, residual, scale)
+                out, xn, *stats = _transition.forward(
+                    x, ln_w, ln_b, eps, wab, wo_c, residual, scale
+                )
                 ctx.on_kernel, ab = True, None
             else:
                 xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]

@@ -69,7 +69,10 @@ def _rel(got, want, base):
 @requires_gpu
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("residual,with_scale", [(True, True), (True, False), (False, False)])
-@pytest.mark.parametrize("shape,H", [((1,), 64), ((1, 7, 7), 512), ((333,), 128), ((100, 100), 512), ((3, 160, 160), 512)])
+@pytest.mark.parametrize(
+    "shape,H",
+    [((1,), 64), ((1, 7, 7), 512), ((333,), 128), ((100, 100), 512), ((3, 160, 160), 512)],
+)
 def test_kernel_matches_fp64_and_the_unfused_path(x_dtype, residual, with_scale, shape, H):
     eps = 1e-5
     x, ln_w, ln_b, wab, wo, scale = _inputs(shape, H, x_dtype, "cuda", seed=len(shape) * 1000 + H)
@@ -100,7 +103,10 @@ def test_kernel_matches_fp64_and_the_unfused_path(x_dtype, residual, with_scale,
 
 
 @requires_gpu
-@pytest.mark.parametrize("shape,H", [((1,), 64), ((1, 7, 7), 512), ((333,), 128), ((100, 100), 512), ((3, 160, 160), 512)])
+@pytest.mark.parametrize(
+    "shape,H",
+    [((1,), 64), ((1, 7, 7), 512), ((333,), 128), ((100, 100), 512), ((3, 160, 160), 512)],
+)
 def test_backward_kernel_matches_fp64_and_the_unfused_path(shape, H):
     x, ln_w, ln_b, wab, wo, _ = _inputs(shape, H, torch.float32, "cuda", seed=7 + H)
     xhat = F.layer_norm(x, [C], ln_w, ln_b).bfloat16()
@@ -199,7 +205,10 @@ def test_backward_reference_matches_the_fp64_formula():
     "change,error",
     [
         (lambda a: a.update(x=torch.randn(4, 64)), NotImplementedError),  # C != 128
-        (lambda a: a.update(wab=torch.randn(96, C).bfloat16(), wo=torch.randn(C, 48).bfloat16()), NotImplementedError),
+        (
+            lambda a: a.update(wab=torch.randn(96, C).bfloat16(), wo=torch.randn(C, 48).bfloat16()),
+            NotImplementedError,
+        ),
         (lambda a: a.update(wab=a["wab"].float()), (TypeError, ValueError)),
         (lambda a: a.update(wo=a["wo"][:, :32].contiguous()), ValueError),
         (lambda a: a.update(scale=torch.ones(3)), ValueError),
@@ -211,4 +220,6 @@ def test_bad_arguments_raise_clear_errors(change, error):
     args = dict(x=x, wab=wab, wo=wo, scale=scale)
     change(args)
     with pytest.raises(error, match="tpf.transition"):
-        _transition.forward(args["x"], ln_w, ln_b, 1e-5, args["wab"], args["wo"], True, args["scale"])
+        _transition.forward(
+            args["x"], ln_w, ln_b, 1e-5, args["wab"], args["wo"], True, args["scale"]
+        )
