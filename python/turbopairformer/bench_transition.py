@@ -10,28 +10,13 @@ row), and the peak extra memory of a forward + backward."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import torch
 
 from . import _transition
 from ._results import write_tables
-
-
-def _median_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+from .bench_pairformer import _median_ms
 
 
 def _case(N, fused: bool):
@@ -54,7 +39,7 @@ def _case(N, fused: bool):
             if bwd:
                 y.backward(g)
 
-        fwd, fb = _median_ms(lambda: step(False)), _median_ms(lambda: step(True))
+        fwd, fb = _median_ms(lambda: step(False), 20), _median_ms(lambda: step(True), 20)
         x.grad = None
         m.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -81,8 +66,8 @@ def _kernels(N):
     )
     g = torch.randn(rows, 128, device="cuda").bfloat16()
     xhat = _transition.forward(x, w, b, 1e-5, wab, wo, True, s)[1]
-    fwd = _median_ms(lambda: _transition.forward(x, w, b, 1e-5, wab, wo, True, s))
-    bwd = _median_ms(lambda: _transition.backward(xhat, g, wab, wo))
+    fwd = _median_ms(lambda: _transition.forward(x, w, b, 1e-5, wab, wo, True, s), 20)
+    bwd = _median_ms(lambda: _transition.backward(xhat, g, wab, wo), 20)
     return fwd, bwd
 
 

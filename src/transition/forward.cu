@@ -7,7 +7,7 @@
 //   h_j = silu(a_j) b_j             in registers, as the A fragments of
 //   y += h_j W_o,j^T                m64n128k16 x 4, A from registers
 // and the epilogue rounds y, stages it in xhat's place and writes x + scale y row by row. A
-// producer warp streams the W_ab and W_o chunks from L2 by TMA into two stages each, refilled
+// producer warpgroup's thread streams the W_ab and W_o chunks from L2 by TMA into two stages each, refilled
 // as soon as both warpgroups' wgmma reading them are waited for, so that the warpgroups drift
 // apart and one's SwiGLU runs under the other's products; the down projection of chunk j also
 // runs under the up projection of chunk j + 1.
