@@ -48,7 +48,8 @@ struct TransitionBackwardParams {
 };
 
 Status validate_transition(const TransitionParams& p, bool for_gpu);
-Status validate_transition_backward(const TransitionBackwardParams& p);
+// for_gpu = false: the CPU reference's rules, which also take FP64 for every tensor.
+Status validate_transition_backward(const TransitionBackwardParams& p, bool for_gpu);
 // CUDA entry point (sm_90: wgmma and TMA; nothing allocated). Where the device is not sm_90,
 // returns kUnsupported.
 Status transition_forward(const TransitionParams& p, cudaStream_t stream);

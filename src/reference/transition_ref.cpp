@@ -49,7 +49,7 @@ Status transition_forward(const TransitionParams& p) {
 }
 
 Status transition_backward(const TransitionBackwardParams& p) {
-  TPF_RETURN_IF_ERROR(validate_transition_backward(p));
+  TPF_RETURN_IF_ERROR(validate_transition_backward(p, false));
   TPF_RETURN_IF_ERROR(detail::check_host_pointers(
       "transition_backward", {{"xhat", p.xhat.data}, {"g", p.g.data}, {"w_ab", p.w_ab.data}, {"w_o", p.w_o.data},
                               {"h", p.h.data}, {"dab", p.dab.data}, {"dxhat", p.dxhat.data}}));

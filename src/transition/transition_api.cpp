@@ -13,29 +13,35 @@ using detail::Checker;
 
 int64_t rows_of(const TensorView& x) { return x.rank ? x.numel() / x.shape[x.rank - 1] : 0; }
 
+// The GPU's dtype for t, or FP64 too where the CPU reference runs (`ref`).
+Status check_dtype(const Checker& c, const char* arg, const TensorView& t, DType gpu, bool ref) {
+  return ref ? c.dtype(arg, t, {gpu, DType::kFP64}) : c.dtype(arg, t, {gpu});
+}
+
 // t holds one value a row of x (x's leading dims, or any shape of that many elements), fp32.
-Status check_per_row(const Checker& c, const char* arg, const TensorView& t, const TensorView& x) {
+Status check_per_row(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, bool ref) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
   if (t.numel() != rows_of(x))
     return c.fail(arg, "must hold one value per row of x (" + std::to_string(rows_of(x)) + "), got shape " +
                            detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {DType::kFP32}));
+  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, DType::kFP32, ref));
   return c.contiguous(arg, t);
 }
 
 // t has x's shape, the given dtype, contiguous and 16-byte aligned; an output when `out`.
-Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, DType dtype) {
+Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, DType dtype,
+                       bool ref) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
   bool same = t.rank == x.rank;
   for (int i = 0; same && i < x.rank; ++i) same = t.shape[i] == x.shape[i];
   if (!same) return c.fail(arg, "must have x's shape " + detail::shape_string(x) + ", got " + detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {dtype}));
+  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, dtype, ref));
   TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
   return c.aligned(arg, t, 16);
 }
 
 // W_ab [2H, C] and W_o [C, H], bf16 contiguous, H a multiple of kChunk.
-Status check_weights(const Checker& c, const TensorView& w_ab, const TensorView& w_o, int64_t C) {
+Status check_weights(const Checker& c, const TensorView& w_ab, const TensorView& w_o, int64_t C, bool ref) {
   TPF_RETURN_IF_ERROR(c.shape("w_ab", w_ab, {{"2H", -1}, {"C", C}}));
   const int64_t H = w_ab.shape[0] / 2;
   if (w_ab.shape[0] % 2 || H % transition::kChunk || H > (int64_t{1} << 20))
@@ -43,7 +49,7 @@ Status check_weights(const Checker& c, const TensorView& w_ab, const TensorView&
                   StatusCode::kUnsupported);
   TPF_RETURN_IF_ERROR(c.shape("w_o", w_o, {{"C", C}, {"H", H}}));
   for (const auto& [name, t] : {std::pair{"w_ab", &w_ab}, std::pair{"w_o", &w_o}}) {
-    TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kBF16}));
+    TPF_RETURN_IF_ERROR(check_dtype(c, name, *t, DType::kBF16, ref));
     TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
     TPF_RETURN_IF_ERROR(c.aligned(name, *t, 16));
   }
@@ -64,14 +70,15 @@ Status check_rows(const Checker& c, const char* arg, const TensorView& x) {
 }
 
 // t: x's leading dims with a last dimension of `last`, bf16 contiguous, 16-byte aligned.
-Status check_hidden(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, int64_t last) {
+Status check_hidden(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, int64_t last,
+                    bool ref) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
   bool same = t.rank == x.rank;
   for (int i = 0; same && i < x.rank; ++i) same = t.shape[i] == (i + 1 == x.rank ? last : x.shape[i]);
   if (!same)
     return c.fail(arg, "must be x's shape " + detail::shape_string(x) + " with last dimension " + std::to_string(last) +
                            ", got " + detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {DType::kBF16}));
+  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, DType::kBF16, ref));
   TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
   return c.aligned(arg, t, 16);
 }
@@ -88,27 +95,28 @@ Status require_sm90(const char* op) {
 
 Status validate_transition(const TransitionParams& p, bool for_gpu) {
   const Checker c{"transition"};
-  (void)for_gpu;  // one form: the op exists on the GPU only
+  const bool ref = !for_gpu;  // the CPU reference also takes FP64 for every tensor
   TPF_RETURN_IF_ERROR(check_rows(c, "x", p.x));
   const int64_t C = transition::kC;
-  TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16}));
+  if (ref) TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16, DType::kFP64}));
+  else TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16}));
   TPF_RETURN_IF_ERROR(c.contiguous("x", p.x));
   TPF_RETURN_IF_ERROR(c.aligned("x", p.x, 16));
   for (const auto& [name, t] : {std::pair{"ln_w", &p.ln_w}, std::pair{"ln_b", &p.ln_b}})
     if (t->present()) {
       TPF_RETURN_IF_ERROR(c.shape(name, *t, {{"C", C}}));
-      TPF_RETURN_IF_ERROR(c.dtype(name, *t, {DType::kFP32}));
+      TPF_RETURN_IF_ERROR(check_dtype(c, name, *t, DType::kFP32, ref));
       TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
     }
-  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, C));
+  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, C, ref));
   if (p.scale.present()) {
     if (!p.residual) return c.fail("scale", "applies to the residual update only (residual = true)");
-    TPF_RETURN_IF_ERROR(check_per_row(c, "scale", p.scale, p.x));
+    TPF_RETURN_IF_ERROR(check_per_row(c, "scale", p.scale, p.x, ref));
   }
-  TPF_RETURN_IF_ERROR(check_rows_like(c, "out", p.out, p.x, p.residual ? p.x.dtype : DType::kBF16));
-  if (p.xhat.present()) TPF_RETURN_IF_ERROR(check_rows_like(c, "xhat", p.xhat, p.x, DType::kBF16));
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "out", p.out, p.x, p.residual ? p.x.dtype : DType::kBF16, ref));
+  if (p.xhat.present()) TPF_RETURN_IF_ERROR(check_rows_like(c, "xhat", p.xhat, p.x, DType::kBF16, ref));
   for (const auto& [name, t] : {std::pair{"mean", &p.mean}, std::pair{"rstd", &p.rstd}})
-    if (t->present()) TPF_RETURN_IF_ERROR(check_per_row(c, name, *t, p.x));
+    if (t->present()) TPF_RETURN_IF_ERROR(check_per_row(c, name, *t, p.x, ref));
   return Status::Ok();
 }
 
@@ -138,16 +146,17 @@ Status transition_forward(const TransitionParams& p, cudaStream_t stream) {
   return detail::cuda_status(kOp, transition::forward(a, stream));
 }
 
-Status validate_transition_backward(const TransitionBackwardParams& p) {
+Status validate_transition_backward(const TransitionBackwardParams& p, bool for_gpu) {
   const Checker c{"transition_backward"};
+  const bool ref = !for_gpu;
   TPF_RETURN_IF_ERROR(check_rows(c, "xhat", p.xhat));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "xhat", p.xhat, p.xhat, transition::kC));
-  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, transition::kC));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "xhat", p.xhat, p.xhat, transition::kC, ref));
+  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, transition::kC, ref));
   const int64_t H = p.w_ab.shape[0] / 2;
-  TPF_RETURN_IF_ERROR(check_hidden(c, "g", p.g, p.xhat, transition::kC));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "h", p.h, p.xhat, H));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "dab", p.dab, p.xhat, 2 * H));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "dxhat", p.dxhat, p.xhat, transition::kC));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "g", p.g, p.xhat, transition::kC, ref));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "h", p.h, p.xhat, H, ref));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "dab", p.dab, p.xhat, 2 * H, ref));
+  TPF_RETURN_IF_ERROR(check_hidden(c, "dxhat", p.dxhat, p.xhat, transition::kC, ref));
   for (const auto& [name, t] : {std::pair{"h", &p.h}, std::pair{"dab", &p.dab}, std::pair{"dxhat", &p.dxhat}})
     TPF_RETURN_IF_ERROR(c.writable(name, *t));
   return Status::Ok();
@@ -155,7 +164,7 @@ Status validate_transition_backward(const TransitionBackwardParams& p) {
 
 Status transition_backward(const TransitionBackwardParams& p, cudaStream_t stream) {
   constexpr const char* kOp = "transition_backward";
-  TPF_RETURN_IF_ERROR(validate_transition_backward(p));
+  TPF_RETURN_IF_ERROR(validate_transition_backward(p, true));
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       kOp, stream, {{"xhat", p.xhat.data}, {"g", p.g.data}, {"w_ab", p.w_ab.data}, {"w_o", p.w_o.data},
                     {"h", p.h.data}, {"dab", p.dab.data}, {"dxhat", p.dxhat.data}}));
