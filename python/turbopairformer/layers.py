@@ -180,21 +180,13 @@ class _SwiGLUTransition(torch.autograd.Function):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x = x.contiguous()
+            xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
             wab = torch.cat([wa, wb]).to(cd)  # [2H, C]
             wo_c = wo.to(cd)  # [C, H]
-            if _norm.gpu_supported(x, ln_w, cd) and _transition.supported(
-                x, wab, cd, scale if residual else None
-            ):  # one kernel, the [*, 2H] activation on chip, as in the backward's
-                out, xn, *stats = _transition.forward(
-                    x, ln_w, ln_b, eps, wab, wo_c, residual, scale
-                )
-                ctx.on_kernel, ab = True, None
-            else:
-                xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [*, C]
-                ab = F.linear(xn, wab)  # [*, 2H]
-                out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
-                if residual:
-                    out = residual_add(x, out, scale)
+            ab = F.linear(xn, wab)  # [*, 2H]
+            out = F.linear(_swiglu.forward(ab), wo_c)  # [*, C]; the activation is not kept
+            if residual:
+                out = residual_add(x, out, scale)
         ctx.save_for_backward(x, *stats, ln_w, ln_b, xn, ab, wab, wo_c, scale)
         ctx.eps, ctx.w_dtype, ctx.residual = eps, wa.dtype, residual
         return out
@@ -203,15 +195,11 @@ class _SwiGLUTransition(torch.autograd.Function):
     def backward(ctx, dout):
         x, mean, rstd, ln_w, ln_b, xn, ab, wab, wo_c, scale = ctx.saved_tensors
         dz = dout if ctx.residual else None
-        dout = _branch_grad(dout, scale if ctx.residual else None, xn.dtype)
-        if ab is None:  # the fused forward: the activation recomputed on chip
-            h, dab, dxn = _transition.backward(xn, dout.contiguous(), wab, wo_c)
-        else:
-            dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
-            dxn = dab @ wab
+        dout = _branch_grad(dout, scale if ctx.residual else None, ab.dtype)
+        dab, h = _swiglu.backward(ab, dout @ wo_c)  # [*, 2H]; h = the forward's activation
         dwo, _ = _weight_grads(dout, h, ctx.w_dtype, False)
         dwab, _ = _weight_grads(dab, xn, ctx.w_dtype, False)
-        dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd), dz)
+        dx, dln_w, dln_b = _norm_backward(ctx, dab @ wab, x, ln_w, ln_b, (mean, rstd), dz)
         H = wab.shape[0] // 2
         return dx, dln_w, dln_b, None, dwab[:H], dwab[H:], dwo, None, None
 
@@ -227,7 +215,16 @@ def swiglu_transition(
 ) -> torch.Tensor:
     """out(silu(a(norm(x))) * b(norm(x))) for bias-free a, b and out (OpenFold3's
     SwiGLUTransition); with residual=True, residual_add(x, that, scale) from the same node, whose
-    backward adds x's pass-through gradient in the LayerNorm backward's pass."""
+    backward adds x's pass-through gradient in the LayerNorm backward's pass. Where the fused
+    kernels apply (c = 128, bf16 compute, sm_90) eager mode and torch.compile both run them
+    (a custom op); elsewhere eager runs the unfused node and torch.compile the plain ops."""
+    cd = _compute_dtype(x)
+    if _norm.gpu_supported(x, norm.weight, cd) and _transition.supported(
+        x, a.out_features, cd, scale if residual else None
+    ):
+        return _transition.node(
+            x, norm.weight, norm.bias, a.weight, b.weight, out.weight, scale, norm.eps, residual
+        )[0]
     if torch.compiler.is_compiling():
         y = norm(x)
         t = out(F.silu(a(y)) * b(y))
