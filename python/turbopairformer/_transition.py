@@ -144,7 +144,7 @@ def _node_bwd(dout, x, mean, rstd, ln_w, ln_b, xhat, wa, wb, wo, scale, eps, res
         dln_w if dln_w is not None else empty,
         dln_b if dln_b is not None else empty,
         dwab[:H],
-        dwab[H:],
+        dwab[H:].clone(),  # a custom op's outputs may not share storage
         dwo,
     ]
 
