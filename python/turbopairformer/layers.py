@@ -215,20 +215,22 @@ def swiglu_transition(
 ) -> torch.Tensor:
     """out(silu(a(norm(x))) * b(norm(x))) for bias-free a, b and out (OpenFold3's
     SwiGLUTransition); with residual=True, residual_add(x, that, scale) from the same node, whose
-    backward adds x's pass-through gradient in the LayerNorm backward's pass. Where the fused
-    kernels apply (c = 128, bf16 compute, sm_90) eager mode and torch.compile both run them
-    (a custom op); elsewhere eager runs the unfused node and torch.compile the plain ops."""
+    backward adds x's pass-through gradient in the LayerNorm backward's pass. In eager mode,
+    where the fused kernels apply (c = 128, bf16 compute, sm_90), the node is their custom op;
+    elsewhere the unfused node. Under torch.compile the plain ops, which inductor fuses and
+    checkpointing recomputes: the custom op in checkpointed blocks raised the compiled stack's
+    peak memory (docs/perf-notes.md, the fused transition)."""
     cd = _compute_dtype(x)
+    if torch.compiler.is_compiling():
+        y = norm(x)
+        t = out(F.silu(a(y)) * b(y))
+        return residual_add(x, t, scale) if residual else t
     if _norm.gpu_supported(x, norm.weight, cd) and _transition.supported(
         x, a.out_features, cd, scale if residual else None
     ):
         return _transition.node(
             x, norm.weight, norm.bias, a.weight, b.weight, out.weight, scale, norm.eps, residual
         )[0]
-    if torch.compiler.is_compiling():
-        y = norm(x)
-        t = out(F.silu(a(y)) * b(y))
-        return residual_add(x, t, scale) if residual else t
     return _SwiGLUTransition.apply(
         x, norm.weight, norm.bias, norm.eps, a.weight, b.weight, out.weight, residual, scale
     )

@@ -226,28 +226,13 @@ def test_bad_arguments_raise_clear_errors(change, error):
 
 
 @requires_gpu
-def test_node_is_a_custom_op_that_torch_compile_runs():
-    """The fused node under torch.compile: the same kernels (the custom op), so the same bits as
-    eager, outputs and gradients; and opcheck's schema, fake and autograd checks."""
+def test_node_custom_op_passes_opcheck():
+    """The eager node's custom op: opcheck's schema, fake-tensor and autograd checks."""
     N = 24
     m = tpf.SwiGLUTransition(C, 4).cuda()
-    x0 = torch.randn(1, N, N, C, device="cuda")
-    mask = (torch.rand(1, N, N, device="cuda") > 0.1).float()
-
-    def run(fn):
-        x = x0.clone().requires_grad_(True)
-        m.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = fn(x)
-        y.square().sum().backward()
-        return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
-
-    eager = run(lambda x: m.residual_update(x, mask))
-    compiled = run(torch.compile(lambda x: m.residual_update(x, mask), fullgraph=True))
-    for a, b in zip(eager, compiled):
-        assert torch.equal(a, b)
+    x0 = torch.randn(1, N, N, C, device="cuda", requires_grad=True)
+    scale = (torch.rand(1, N, N, 1, device="cuda") > 0.1).bfloat16()
     sw = m.swiglu
-    scale = mask.unsqueeze(-1).bfloat16()
-    args = (x0.requires_grad_(True), m.layer_norm.weight, m.layer_norm.bias, sw.linear_a.weight,
+    args = (x0, m.layer_norm.weight, m.layer_norm.bias, sw.linear_a.weight,
             sw.linear_b.weight, m.linear_out.weight, scale, 1e-5, True)  # fmt: skip
     torch.library.opcheck(_transition.node, args)
