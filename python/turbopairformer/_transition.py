@@ -23,8 +23,9 @@ def _sm90(index: int) -> bool:
 
 
 def supported(x: torch.Tensor, hidden: int, cd: torch.dtype, scale) -> bool:
-    """Whether the fused kernels take this call: x [*, 128] fp32 or bf16 on an sm_90 GPU, bf16
-    compute, a hidden width H a multiple of 64, and a scale (if any) of one value a row."""
+    """Whether the fused kernels take this call (eager mode): x [*, 128] fp32 or bf16 on an sm_90
+    GPU, 16-byte aligned once contiguous, bf16 compute, a hidden width H a multiple of 64, and a
+    scale (if any) of one value a row."""
     rows = x.numel() // C if x.shape[-1] == C else 0
     return (
         x.is_cuda
@@ -33,6 +34,9 @@ def supported(x: torch.Tensor, hidden: int, cd: torch.dtype, scale) -> bool:
         and x.dtype in (torch.float32, torch.bfloat16)
         and hidden % 64 == 0
         and (scale is None or scale.numel() == rows)
+        and (
+            not x.is_contiguous() or x.data_ptr() % 16 == 0
+        )  # a copy is aligned; a view may not be
         and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device())
     )
 
