@@ -236,3 +236,16 @@ def test_node_custom_op_passes_opcheck():
     args = (x0, m.layer_norm.weight, m.layer_norm.bias, sw.linear_a.weight,
             sw.linear_b.weight, m.linear_out.weight, scale, 1e-5, True)  # fmt: skip
     torch.library.opcheck(_transition.node, args)
+
+
+@requires_gpu
+def test_an_unaligned_view_takes_the_unfused_path():
+    base = torch.randn(1 + 7 * 7 * C, device="cuda")
+    x = base[1:].view(1, 7, 7, C)  # contiguous, 4 bytes past a 16-byte boundary
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    assert not _transition.supported(x, 4 * C, torch.bfloat16, None)
+    assert _transition.supported(x.clone(), 4 * C, torch.bfloat16, None)
+    m = tpf.SwiGLUTransition(C, 4).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = m(x)
+    assert torch.isfinite(y).all()
