@@ -7,9 +7,9 @@ namespace tpf::act {
 
 // 1 / (1 + e^-a) in fp32: exact in both tails to fp32's relative precision (a saturated gate
 // keeps its digits) down to e^a ~ 2^-126, where 0.5 tanh(a / 2) + 0.5 would not. The approximate
-// reciprocal has no slow-path branch, which in the fused transition's unrolled loops kept every
-// element's exponential and reciprocal in one serial chain (its IEEE division measured 1.39 ms
-// against 0.91 for the forward at N = 768).
+// reciprocal has no slow-path branch: in the fused transition's unrolled loops the IEEE
+// division's branch kept every element's exponential and reciprocal in one serial chain
+// (docs/perf-notes.md, the fused SwiGLU transition).
 __device__ __forceinline__ float sigmoid(float a) { return __fdividef(1.f, 1.f + __expf(-a)); }
 
 // f(a) and f'(a) from a and s = sigmoid(a). The forward and the backward's recomputed y both
