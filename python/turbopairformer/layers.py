@@ -6,9 +6,12 @@ PyTorch's per-op temporaries:
                                           GEMM; returns each layer's output as a view of one
                                           tensor, and takes their gradients back as one
     layer_norm(x, norm)                   norm(x) in the compute dtype (autocast's, else x's)
-    swiglu_transition(x, norm, a, b, out) out(silu(a(norm(x))) * b(norm(x))): one stacked up
-                                          GEMM, the activation in one pass each way, and a
-                                          saved set of norm(x) and the up projection only
+    swiglu_transition(x, norm, a, b, out) out(silu(a(norm(x))) * b(norm(x))): at c = 128 on
+                                          sm_90 the fused kernels (_transition.py), the
+                                          activation on chip and a saved set of norm(x);
+                                          elsewhere one stacked up GEMM, the activation in one
+                                          pass each way, a saved set of norm(x) and the up
+                                          projection
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
     triangle_attention_layer(x, ...)      a whole TriangleAttention layer (LayerNorm, the stacked
                                           projection, the attention, the sigmoid gate, the
@@ -27,7 +30,8 @@ neither direction has a cast pass, and its weight gradients are bitwise repeatab
 These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
 its own kernels and whose saved set its partitioner chooses (with the nodes, a checkpointed
 4-block stack held 16.2 GiB at N = 768 against 11.0, for no time gained: docs/perf-history.md,
-"The Pairformer modules' PyTorch glue").
+"The Pairformer modules' PyTorch glue"; the fused transition's custom op, 27.8 GiB:
+docs/perf-notes.md).
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds (except that the gate and SwiGLU
