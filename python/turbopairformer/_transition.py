@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from . import _calls, _native
+from . import _calls, _native, _norm, _residual
 
 C = 128
 
@@ -129,14 +129,13 @@ def _node_fwd_fake(x, ln_w, ln_b, wa, wb, wo, scale, eps, residual):
 
 
 def _node_bwd(dout, x, mean, rstd, ln_w, ln_b, xhat, wa, wb, wo, scale, eps, residual, nw, nb):
-    from . import _norm, _residual
+    from .layers import _weight_grads  # layers imports this module
 
     wab, wo_c = _bf16_weights(wa, wb, wo)
     g = _residual.backward(dout, scale if residual else None, torch.bfloat16).contiguous()
     h, dab, dxhat = backward(xhat, g, wab, wo_c)
-    rows = xhat.numel() // C
-    dwo = (g.reshape(rows, C).t() @ h.reshape(rows, -1)).to(wo.dtype)
-    dwab = (dab.reshape(rows, -1).t() @ xhat.reshape(rows, C)).to(wa.dtype)
+    dwo, _ = _weight_grads(g, h, wo.dtype, False)
+    dwab, _ = _weight_grads(dab, xhat, wa.dtype, False)
     dz = dout.to(x.dtype).contiguous() if residual else None
     dx, dln_w, dln_b = _norm.backward(
         dxhat, x.contiguous(), ln_w, ln_b, eps, mean, rstd, nw, nb, dz

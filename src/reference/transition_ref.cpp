@@ -1,5 +1,6 @@
-// FP64 CPU reference of the fused SwiGLU transition forward: the same formula with every
-// intermediate in double (no bf16 rounding), for the tests' tolerances from the bf16 floor.
+// FP64 CPU reference of the fused SwiGLU transition, forward and the backward's middle: the
+// same formulas with every intermediate in double (no bf16 rounding), for the tests' tolerances
+// from the bf16 floor.
 #include <cmath>
 #include <vector>
 

@@ -13,7 +13,6 @@
 // ~790 TFLOP/s; xhat and g read, h, [da | db] and dxhat written, 2.1 GB, 0.49 ms at 4.3 TB/s.
 #include "activation/gate_math.cuh"
 #include "common/kernel_attrs.h"
-#include "common/warp_roles.cuh"
 #include "transition/parts.cuh"
 
 namespace tpf::transition {
@@ -190,27 +189,18 @@ __device__ void consume(uint8_t* smem_base, uint32_t base, const BwdArgs& a, con
 
 __global__ void __launch_bounds__(kBlockThreads, 1) backward_kernel(const BwdArgs a, const __grid_constant__ Maps m) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = align_1024(smem_raw);
   const uint32_t base = dev::smem_addr(smem);
-  const int64_t tiles = (a.rows + kRows - 1) / kRows;
-  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const int my_tiles = block_tiles(a.rows);
   const WeightLoads ld{&m.w_ab, &m.w_o, {base + Layout::ab, base + Layout::ab_bars, kAbStage, kAbStages},
                        {base + Layout::o, base + Layout::o_bars, kOStage, kOStages}, a.H, a.H / kChunk};
-  if (threadIdx.x == 0) {
-    dev::mbar_init(in_full(base), 1);
-    dev::mbar_init(in_empty(base), kConsumers);
-    ld.ab.init(kConsumers);
-    ld.o.init(kConsumers);
-    dev::mbar_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x >= kConsumers) {
-    dev::regs_decrease<kProducerRegs>();
-    if (threadIdx.x == kConsumers) produce(m, base, ld, my_tiles);
-  } else {
-    dev::regs_increase<kConsumerRegs>();
-    consume(smem, base, a, ld, my_tiles);
-  }
+  run_roles(
+      ld,
+      [&] {
+        dev::mbar_init(in_full(base), 1);
+        dev::mbar_init(in_empty(base), kConsumers);
+      },
+      [&] { produce(m, base, ld, my_tiles); }, [&] { consume(smem, base, a, ld, my_tiles); });
 }
 
 }  // namespace
@@ -225,7 +215,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
     return cudaErrorNotSupported;
   unsigned blocks = 0;
   cudaError_t e;
-  if ((e = persistent_blocks((a.rows + kRows - 1) / kRows, &blocks)) != cudaSuccess) return e;
+  if ((e = persistent_blocks(tile_count(a.rows), &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(backward_kernel, Layout::bytes)) != cudaSuccess) return e;
   backward_kernel<<<blocks, kBlockThreads, Layout::bytes, stream>>>(a, m);
   return cudaGetLastError();

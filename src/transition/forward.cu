@@ -18,7 +18,6 @@
 #include "activation/gate_math.cuh"
 #include "common/kernel_attrs.h"
 #include "common/row_math.cuh"
-#include "common/warp_roles.cuh"
 #include "transition/parts.cuh"
 
 namespace tpf::transition {
@@ -217,30 +216,21 @@ template <class Tx>
 __global__ void __launch_bounds__(kBlockThreads, 1) forward_kernel(const FwdArgs a, const __grid_constant__ Maps m) {
   using L = Layout<Tx>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = align_1024(smem_raw);
   const uint32_t base = dev::smem_addr(smem);
-  const int tid = threadIdx.x;
-  const int64_t tiles = (a.rows + kRows - 1) / kRows;
-  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const int my_tiles = block_tiles(a.rows);
   const WeightLoads ld{&m.w_ab, &m.w_o, {base + L::ab, base + L::ab_bars, kAbStage, 2},
                        {base + L::o, base + L::o_bars, kOStage, 2}, a.H, a.H / kChunk};
   float* params = reinterpret_cast<float*>(smem + L::params);
-  for (int c = tid; c < kC; c += kBlockThreads) params[c] = a.ln_w ? a.ln_w[c] : 1.f, params[kC + c] = a.ln_b ? a.ln_b[c] : 0.f;
-  if (tid == 0) {
-    dev::mbar_init(x_full<Tx>(base), 1);
-    dev::mbar_init(x_empty<Tx>(base), kConsumers);
-    ld.ab.init(kConsumers);
-    ld.o.init(kConsumers);
-    dev::mbar_init_fence();
-  }
-  __syncthreads();
-  if (tid >= kConsumers) {
-    dev::regs_decrease<kProducerRegs>();
-    if (tid == kConsumers) produce<Tx>(m, base, ld, my_tiles);
-  } else {
-    dev::regs_increase<kConsumerRegs>();
-    consume<Tx>(smem, base, a, ld, my_tiles);
-  }
+  for (int c = threadIdx.x; c < kC; c += kBlockThreads)
+    params[c] = a.ln_w ? a.ln_w[c] : 1.f, params[kC + c] = a.ln_b ? a.ln_b[c] : 0.f;
+  run_roles(
+      ld,
+      [&] {
+        dev::mbar_init(x_full<Tx>(base), 1);
+        dev::mbar_init(x_empty<Tx>(base), kConsumers);
+      },
+      [&] { produce<Tx>(m, base, ld, my_tiles); }, [&] { consume<Tx>(smem, base, a, ld, my_tiles); });
 }
 
 template <class Tx>
@@ -254,7 +244,7 @@ cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBytes = Layout<Tx>::bytes;
   unsigned blocks = 0;
   cudaError_t e;
-  if ((e = persistent_blocks((a.rows + kRows - 1) / kRows, &blocks)) != cudaSuccess) return e;
+  if ((e = persistent_blocks(tile_count(a.rows), &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(forward_kernel<Tx>, kBytes)) != cudaSuccess) return e;
   forward_kernel<Tx><<<blocks, kBlockThreads, kBytes, stream>>>(a, m);
   return cudaGetLastError();

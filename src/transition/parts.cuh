@@ -13,6 +13,7 @@
 #include "common/swizzle.cuh"
 #include "common/tma.cuh"
 #include "common/tma.h"
+#include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
 #include "transition/kernels.h"
 #include "transition/launch.h"
@@ -90,6 +91,39 @@ struct WeightLoads {
 constexpr int kConsumers = 256;
 constexpr int kBlockThreads = kConsumers + 128;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+__host__ __device__ inline int64_t tile_count(int64_t rows) { return (rows + kRows - 1) / kRows; }
+
+// This block's tiles in the persistent grid: tile blockIdx.x, then every gridDim.x-th.
+__device__ __forceinline__ int block_tiles(int64_t rows) {
+  return static_cast<int>((tile_count(rows) - blockIdx.x + gridDim.x - 1) / gridDim.x);
+}
+
+// The dynamic shared window from its first 1024-byte boundary (the 128-byte swizzle's period).
+__device__ __forceinline__ uint8_t* align_1024(uint8_t* raw) {
+  return raw + ((1024 - (dev::smem_addr(raw) & 1023)) & 1023);
+}
+
+// Thread 0 initialises the kernel's own barriers (init()) and the rings', then the roles split:
+// the producer warpgroup gives its registers up and its first thread runs produce(); the two
+// consumer warpgroups take them and run consume().
+template <class Init, class Produce, class Consume>
+__device__ __forceinline__ void run_roles(const WeightLoads& ld, Init&& init, Produce&& produce, Consume&& consume) {
+  if (threadIdx.x == 0) {
+    init();
+    ld.ab.init(kConsumers);
+    ld.o.init(kConsumers);
+    dev::mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {
+    dev::regs_decrease<kProducerRegs>();
+    if (threadIdx.x == kConsumers) produce();
+  } else {
+    dev::regs_increase<kConsumerRegs>();
+    consume();
+  }
+}
 
 // acc = xhat W_ab,j^T for the warpgroup's 64 rows: 8 k16 steps over C (issued, not committed).
 __device__ __forceinline__ void up_projection(float (&acc)[64], uint32_t xhat, uint32_t w_ab, int wg) {

@@ -1,4 +1,4 @@
-// The fused transition forward: validation and the CUDA entry point.
+// The fused transition, forward and the backward's middle: validation and the CUDA entry points.
 #include <string>
 
 #include "common/cuda_check.h"
@@ -26,18 +26,6 @@ Status check_per_row(const Checker& c, const char* arg, const TensorView& t, con
                            detail::shape_string(t));
   TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, DType::kFP32, ref));
   return c.contiguous(arg, t);
-}
-
-// t has x's shape, the given dtype, contiguous and 16-byte aligned; an output when `out`.
-Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, DType dtype,
-                       bool ref) {
-  TPF_RETURN_IF_ERROR(c.present(arg, t));
-  bool same = t.rank == x.rank;
-  for (int i = 0; same && i < x.rank; ++i) same = t.shape[i] == x.shape[i];
-  if (!same) return c.fail(arg, "must have x's shape " + detail::shape_string(x) + ", got " + detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, dtype, ref));
-  TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
-  return c.aligned(arg, t, 16);
 }
 
 // W_ab [2H, C] and W_o [C, H], bf16 contiguous, H a multiple of kChunk.
@@ -69,17 +57,19 @@ Status check_rows(const Checker& c, const char* arg, const TensorView& x) {
   return Status::Ok();
 }
 
-// t: x's leading dims with a last dimension of `last`, bf16 contiguous, 16-byte aligned.
-Status check_hidden(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, int64_t last,
-                    bool ref) {
+// t: x's leading dims with a last dimension of `last`, the given dtype, contiguous, 16-byte
+// aligned; when `out`, also writable.
+Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, int64_t last,
+                       DType dtype, bool ref, bool out) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
   bool same = t.rank == x.rank;
   for (int i = 0; same && i < x.rank; ++i) same = t.shape[i] == (i + 1 == x.rank ? last : x.shape[i]);
   if (!same)
     return c.fail(arg, "must be x's shape " + detail::shape_string(x) + " with last dimension " + std::to_string(last) +
                            ", got " + detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, DType::kBF16, ref));
+  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, dtype, ref));
   TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
+  if (out) TPF_RETURN_IF_ERROR(c.writable(arg, t));
   return c.aligned(arg, t, 16);
 }
 
@@ -113,8 +103,9 @@ Status validate_transition(const TransitionParams& p, bool for_gpu) {
     if (!p.residual) return c.fail("scale", "applies to the residual update only (residual = true)");
     TPF_RETURN_IF_ERROR(check_per_row(c, "scale", p.scale, p.x, ref));
   }
-  TPF_RETURN_IF_ERROR(check_rows_like(c, "out", p.out, p.x, p.residual ? p.x.dtype : DType::kBF16, ref));
-  if (p.xhat.present()) TPF_RETURN_IF_ERROR(check_rows_like(c, "xhat", p.xhat, p.x, DType::kBF16, ref));
+  const DType out_dtype = p.residual ? p.x.dtype : DType::kBF16;
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "out", p.out, p.x, C, out_dtype, ref, true));
+  if (p.xhat.present()) TPF_RETURN_IF_ERROR(check_rows_like(c, "xhat", p.xhat, p.x, C, DType::kBF16, ref, true));
   for (const auto& [name, t] : {std::pair{"mean", &p.mean}, std::pair{"rstd", &p.rstd}})
     if (t->present()) TPF_RETURN_IF_ERROR(check_per_row(c, name, *t, p.x, ref));
   return Status::Ok();
@@ -150,16 +141,15 @@ Status validate_transition_backward(const TransitionBackwardParams& p, bool for_
   const Checker c{"transition_backward"};
   const bool ref = !for_gpu;
   TPF_RETURN_IF_ERROR(check_rows(c, "xhat", p.xhat));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "xhat", p.xhat, p.xhat, transition::kC, ref));
-  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, transition::kC, ref));
+  constexpr int64_t C = transition::kC;
+  constexpr DType kB = DType::kBF16;
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "xhat", p.xhat, p.xhat, C, kB, ref, false));
+  TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, C, ref));
   const int64_t H = p.w_ab.shape[0] / 2;
-  TPF_RETURN_IF_ERROR(check_hidden(c, "g", p.g, p.xhat, transition::kC, ref));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "h", p.h, p.xhat, H, ref));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "dab", p.dab, p.xhat, 2 * H, ref));
-  TPF_RETURN_IF_ERROR(check_hidden(c, "dxhat", p.dxhat, p.xhat, transition::kC, ref));
-  for (const auto& [name, t] : {std::pair{"h", &p.h}, std::pair{"dab", &p.dab}, std::pair{"dxhat", &p.dxhat}})
-    TPF_RETURN_IF_ERROR(c.writable(name, *t));
-  return Status::Ok();
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "g", p.g, p.xhat, C, kB, ref, false));
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "h", p.h, p.xhat, H, kB, ref, true));
+  TPF_RETURN_IF_ERROR(check_rows_like(c, "dab", p.dab, p.xhat, 2 * H, kB, ref, true));
+  return check_rows_like(c, "dxhat", p.dxhat, p.xhat, C, kB, ref, true);
 }
 
 Status transition_backward(const TransitionBackwardParams& p, cudaStream_t stream) {
