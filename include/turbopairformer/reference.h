@@ -7,6 +7,7 @@
 #include "turbopairformer/layer_norm.h"
 #include "turbopairformer/residual.h"
 #include "turbopairformer/swiglu.h"
+#include "turbopairformer/gated_linear.h"
 #include "turbopairformer/transition.h"
 #include "turbopairformer/trimul.h"
 
@@ -39,5 +40,8 @@ Status residual_backward(const ResidualParams& p);
 // The transition in FP64 with no intermediate rounding (out, xhat, mean, rstd where present).
 Status transition_forward(const TransitionParams& p);
 Status transition_backward(const TransitionBackwardParams& p);
+// The gated output projection in FP64 with no intermediate rounding.
+Status gated_linear_forward(const GatedLinearParams& p);
+Status gated_linear_backward(const GatedLinearBackwardParams& p);
 
 }  // namespace tpf::reference

@@ -2,6 +2,7 @@
 #pragma once
 #include "turbopairformer/attention.h"
 #include "turbopairformer/gate.h"
+#include "turbopairformer/gated_linear.h"
 #include "turbopairformer/layer_norm.h"
 #include "turbopairformer/residual.h"
 #include "turbopairformer/swiglu.h"

@@ -87,6 +87,7 @@ TpfSigmoidGateArgs = _struct("tpf_sigmoid_gate_args", _KINDS)
 TpfResidualArgs = _struct("tpf_residual_args", _KINDS)
 TpfTransitionArgs = _struct("tpf_transition_args", _KINDS)
 TpfTransitionBackwardArgs = _struct("tpf_transition_backward_args", _KINDS)
+TpfGatedLinearArgs = _struct("tpf_gated_linear_args", _KINDS)
 ATTENTION_TENSORS = tuple(f for f, t in TpfAttentionArgs._fields_ if t is TpfTensor)
 
 
@@ -107,6 +108,9 @@ def _signatures(lib) -> None:
     lib.tpf_transition_forward.argtypes = (targs_, ctypes.c_int32, ctypes.c_void_p) + err
     tbargs = ctypes.POINTER(TpfTransitionBackwardArgs)
     lib.tpf_transition_backward.argtypes = (tbargs, ctypes.c_int32, ctypes.c_void_p) + err
+    glargs = ctypes.POINTER(TpfGatedLinearArgs)
+    lib.tpf_gated_linear_forward.argtypes = (glargs, ctypes.c_int32, ctypes.c_void_p) + err
+    lib.tpf_gated_linear_backward.argtypes = lib.tpf_gated_linear_forward.argtypes
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -164,6 +168,8 @@ def _signatures(lib) -> None:
         lib.tpf_residual_backward,
         lib.tpf_transition_forward,
         lib.tpf_transition_backward,
+        lib.tpf_gated_linear_forward,
+        lib.tpf_gated_linear_backward,
     ):
         f.restype = ctypes.c_int
 

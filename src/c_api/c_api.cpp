@@ -90,6 +90,14 @@ tpf::TransitionBackwardParams transition_backward_params(const tpf_transition_ba
   return {view(a.xhat), view(a.g), view(a.w_ab), view(a.w_o), view(a.h), view(a.dab), view(a.dxhat)};
 }
 
+tpf::GatedLinearParams gated_linear_params(const tpf_gated_linear_args& a) {
+  return {view(a.g), view(a.o), view(a.w), view(a.bias), view(a.x), view(a.scale), view(a.out)};
+}
+
+tpf::GatedLinearBackwardParams gated_linear_backward_params(const tpf_gated_linear_args& a) {
+  return {view(a.dz), view(a.scale), view(a.g), view(a.o), view(a.w), view(a.du), view(a.dg), view(a.d_o), view(a.h)};
+}
+
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -144,6 +152,13 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_transition_backward_args, w_ab, "tensor") TPF_ROW_(tpf_transition_backward_args, w_o, "tensor")
     TPF_ROW_(tpf_transition_backward_args, h, "tensor") TPF_ROW_(tpf_transition_backward_args, dab, "tensor")
     TPF_ROW_(tpf_transition_backward_args, dxhat, "tensor")
+    {"tpf_gated_linear_args", "", "struct", 0, sizeof(tpf_gated_linear_args)},
+    TPF_ROW_(tpf_gated_linear_args, g, "tensor") TPF_ROW_(tpf_gated_linear_args, o, "tensor")
+    TPF_ROW_(tpf_gated_linear_args, w, "tensor") TPF_ROW_(tpf_gated_linear_args, bias, "tensor")
+    TPF_ROW_(tpf_gated_linear_args, x, "tensor") TPF_ROW_(tpf_gated_linear_args, scale, "tensor")
+    TPF_ROW_(tpf_gated_linear_args, out, "tensor") TPF_ROW_(tpf_gated_linear_args, dz, "tensor")
+    TPF_ROW_(tpf_gated_linear_args, du, "tensor") TPF_ROW_(tpf_gated_linear_args, dg, "tensor")
+    TPF_ROW_(tpf_gated_linear_args, d_o, "tensor") TPF_ROW_(tpf_gated_linear_args, h, "tensor")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -286,6 +301,22 @@ int tpf_transition_backward(const tpf_transition_backward_args* a, int32_t on_gp
   const auto p = transition_backward_params(*a);
   return report(on_gpu ? tpf::transition_backward(p, static_cast<cudaStream_t>(stream))
                        : tpf::reference::transition_backward(p),
+                err, err_len);
+}
+
+int tpf_gated_linear_forward(const tpf_gated_linear_args* a, int32_t on_gpu, void* stream, char* err,
+                             size_t err_len) {
+  const auto p = gated_linear_params(*a);
+  return report(on_gpu ? tpf::gated_linear_forward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::gated_linear_forward(p),
+                err, err_len);
+}
+
+int tpf_gated_linear_backward(const tpf_gated_linear_args* a, int32_t on_gpu, void* stream, char* err,
+                              size_t err_len) {
+  const auto p = gated_linear_backward_params(*a);
+  return report(on_gpu ? tpf::gated_linear_backward(p, static_cast<cudaStream_t>(stream))
+                       : tpf::reference::gated_linear_backward(p),
                 err, err_len);
 }
 

@@ -16,6 +16,15 @@ inline Status cuda_status(const char* op, cudaError_t e) {
                 std::string("tpf.") + op + ": CUDA error: " + cudaGetErrorString(e));
 }
 
+// kUnsupported unless the current device is sm_90 (the wgmma and TMA kernels').
+inline Status require_sm90(const char* op) {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major != 9)
+    return Status(StatusCode::kUnsupported, std::string("tpf.") + op + ": the fused kernel needs an sm_90 GPU (wgmma, TMA)");
+  return Status::Ok();
+}
+
 // Every named pointer (nullptr = absent, skipped) must be device-accessible memory. While
 // `stream` is being captured into a CUDA graph the query is skipped: it is not a capturable
 // call, and the same arguments were checked when the graph's warm-up call ran eagerly.

@@ -29,4 +29,11 @@ __device__ __forceinline__ T* tile_at(T* tile, int row, int chunk) {
   return tile + tile_offset<W>(row, chunk);
 }
 
+// Element (row, col) of a tile of kRows rows cut along its columns into halves of 64 (128-byte
+// swizzled rows, each half kRows x 64): the K-major wgmma operand whose K exceeds one swizzle row.
+template <int kRows, class T>
+__device__ __forceinline__ T* halves_at(T* tile, int row, int col) {
+  return tile_at<64>(tile + (col / 64) * kRows * 64, row, (col % 64) / 8) + col % 8;
+}
+
 }  // namespace tpf::dev

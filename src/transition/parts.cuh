@@ -29,9 +29,7 @@ constexpr uint32_t kOStage = kC * kChunk * 2;  // W_o chunk: [128 c][64 hidden u
 static_assert(2 * kChunk == 128 && kC == 128, "one chunk's a | b is one m64n128 accumulator");
 
 // Element (r, c) of a [2 halves][128][64] bf16 tile: channel c = 64 half + 8 chunk + e.
-__device__ __forceinline__ bf16* half_tile_at(bf16* t, int r, int c) {
-  return dev::tile_at<64>(t + (c / 64) * kRows * 64, r, (c % 64) / 8) + c % 8;
-}
+__device__ __forceinline__ bf16* half_tile_at(bf16* t, int r, int c) { return dev::halves_at<kRows>(t, r, c); }
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 

@@ -73,14 +73,6 @@ Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, c
   return c.aligned(arg, t, 16);
 }
 
-Status require_sm90(const char* op) {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major != 9)
-    return Status(StatusCode::kUnsupported, std::string("tpf.") + op + ": the fused kernel needs an sm_90 GPU (wgmma, TMA)");
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status validate_transition(const TransitionParams& p, bool for_gpu) {
@@ -118,7 +110,7 @@ Status transition_forward(const TransitionParams& p, cudaStream_t stream) {
       kOp, stream, {{"x", p.x.data}, {"ln_w", p.ln_w.data}, {"ln_b", p.ln_b.data}, {"w_ab", p.w_ab.data},
                     {"w_o", p.w_o.data}, {"scale", p.scale.data}, {"out", p.out.data}, {"xhat", p.xhat.data},
                     {"mean", p.mean.data}, {"rstd", p.rstd.data}}));
-  TPF_RETURN_IF_ERROR(require_sm90(kOp));
+  TPF_RETURN_IF_ERROR(detail::require_sm90(kOp));
   const transition::FwdArgs a{rows_of(p.x),
                               static_cast<int>(p.w_ab.shape[0] / 2),
                               p.x.data,
@@ -158,7 +150,7 @@ Status transition_backward(const TransitionBackwardParams& p, cudaStream_t strea
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       kOp, stream, {{"xhat", p.xhat.data}, {"g", p.g.data}, {"w_ab", p.w_ab.data}, {"w_o", p.w_o.data},
                     {"h", p.h.data}, {"dab", p.dab.data}, {"dxhat", p.dxhat.data}}));
-  TPF_RETURN_IF_ERROR(require_sm90(kOp));
+  TPF_RETURN_IF_ERROR(detail::require_sm90(kOp));
   using B = __nv_bfloat16;
   const transition::BwdArgs a{rows_of(p.xhat), static_cast<int>(p.w_ab.shape[0] / 2),
                               static_cast<const B*>(p.xhat.data), static_cast<const B*>(p.g.data),

@@ -1,0 +1,107 @@
+"""The library's fused gated output projection (turbopairformer/gated_linear.h) for the attention
+layer's node: out = x + scale * (sigmoid(g) * o) W^T + b in one pass, and its backward (du =
+dout * scale, dh = du W, the gate's backward, and h = sigmoid(g) * o again for the weight
+gradient) in another. Built for 128 gate channels and 128 output channels in bf16 on sm_90;
+other cases take the unfused path (layers._TriangleAttentionLayer)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from . import _calls, _native
+
+K = N = 128
+
+
+@torch.compiler.assume_constant_result
+@functools.cache
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _rows_ok(t: torch.Tensor) -> bool:
+    return (
+        t.dtype == torch.bfloat16
+        and t.dim() == 2
+        and t.shape[1] == K
+        and t.stride(1) == 1
+        and t.stride(0) % 8 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def _scale_ok(scale: Optional[torch.Tensor], shape) -> bool:
+    if scale is None:
+        return True
+    if scale.dtype != torch.bfloat16:
+        return False
+    try:
+        s = scale.expand(shape)
+    except RuntimeError:
+        return False
+    if s.stride(-1) == 0:
+        return True
+    return s.stride(-1) == 1 and s.data_ptr() % 16 == 0 and all(x % 8 == 0 for x in s.stride()[:-1])
+
+
+def supported(g, o, w, x, scale, shape) -> bool:
+    """Whether the fused kernels take this call: CUDA bf16 g, o [R, 128] (unit last stride,
+    16-byte rows), w [128, 128], the pair shape [B, I, J, 128] with x (if any) fp32 or bf16
+    contiguous and 16-byte aligned, a bf16 scale broadcastable to it, on an sm_90 GPU."""
+    return (
+        g.is_cuda
+        and g.shape[0] > 0
+        and len(shape) == 4
+        and shape[-1] == N
+        and tuple(w.shape) == (N, K)
+        and w.dtype == torch.bfloat16
+        and _rows_ok(g)
+        and _rows_ok(o)
+        and (
+            x is None
+            or (
+                x.dtype in (torch.float32, torch.bfloat16)
+                and x.is_contiguous()
+                and x.data_ptr() % 16 == 0
+            )
+        )
+        and _scale_ok(scale, shape)
+        and _sm90(g.device.index if g.device.index is not None else torch.cuda.current_device())
+    )
+
+
+def grad_supported(dout: torch.Tensor) -> bool:
+    """Whether the backward's kernel takes this gradient of out (fp32 or bf16)."""
+    return dout.dtype in (torch.float32, torch.bfloat16)
+
+
+def forward(g, o, w, bias, x, scale, shape) -> torch.Tensor:
+    """out [B, I, J, 128]: x + scale * (sigmoid(g) o) w^T + bias in x's dtype, or without x the
+    projection alone in bf16. g, o [R, 128]; w [128, 128] and bias [128] (or None) bf16."""
+    dtype = torch.bfloat16 if x is None else x.dtype
+    out = torch.empty(shape, dtype=dtype, device=g.device)
+    s = None if scale is None else scale.expand(shape)
+    a = _calls.struct(
+        _native.TpfGatedLinearArgs, g=g, o=o, w=w, bias=bias, x=x, scale=s, out=out
+    )
+    _calls.run(_native.LIB.tpf_gated_linear_forward, a, g)
+    return out
+
+
+def backward(dout, scale, g, o, w, dg):
+    """(du, d_o, h) from the gradient dout [B, I, J, 128] of out: du = dout * scale (bf16, the
+    weight gradient's left side), dg written into the given [R, 128] view, d_o and h =
+    sigmoid(g) o [R, 128] contiguous."""
+    dout = dout.contiguous()
+    du = torch.empty(dout.shape, dtype=torch.bfloat16, device=dout.device)
+    d_o = torch.empty(g.shape, dtype=torch.bfloat16, device=g.device)
+    h = torch.empty_like(d_o)
+    s = None if scale is None else scale.expand(dout.shape)
+    a = _calls.struct(
+        _native.TpfGatedLinearArgs, dz=dout, scale=s, g=g, o=o, w=w, du=du, dg=dg, d_o=d_o, h=h
+    )
+    _calls.run(_native.LIB.tpf_gated_linear_backward, a, g)
+    return du, d_o, h
