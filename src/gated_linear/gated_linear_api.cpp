@@ -69,11 +69,11 @@ Status check_scale(const Checker& c, const TensorView& s, const TensorView& pair
   return s.stride[3] == 1 ? c.aligned("scale", s, 16) : Status::Ok();
 }
 
-gated::Rows rows_of(const TensorView& pair) { return {pair.shape[0], pair.shape[1], pair.shape[2]}; }
+gated::Shape shape_of(const TensorView& pair) { return {pair.shape[0], pair.shape[1], pair.shape[2], N}; }
 
 gated::Scale scale_of(const TensorView& s) {
   if (!s.present()) return {nullptr, {0, 0, 0, 0}};
-  return {static_cast<const __nv_bfloat16*>(s.data), {s.stride[0], s.stride[1], s.stride[2], s.stride[3]}};
+  return {s.data, {s.stride[0], s.stride[1], s.stride[2], s.stride[3]}};
 }
 
 }  // namespace
@@ -125,7 +125,7 @@ Status gated_linear_forward(const GatedLinearParams& p, cudaStream_t stream) {
                     {"scale", p.scale.data}, {"out", p.out.data}}));
   TPF_RETURN_IF_ERROR(detail::require_sm90(kOp));
   using B = __nv_bfloat16;
-  const gated::FwdArgs a{rows_of(p.out), static_cast<const B*>(p.g.data), p.g.stride[0],
+  const gated::FwdArgs a{shape_of(p.out), static_cast<const B*>(p.g.data), p.g.stride[0],
                          static_cast<const B*>(p.o.data), p.o.stride[0], static_cast<const B*>(p.w.data),
                          static_cast<const B*>(p.bias.data), p.x.data, scale_of(p.scale), p.out.data, p.out.dtype};
   return detail::cuda_status(kOp, gated::forward(a, stream));
@@ -139,7 +139,7 @@ Status gated_linear_backward(const GatedLinearBackwardParams& p, cudaStream_t st
                     {"du", p.du.data}, {"dg", p.dg.data}, {"d_o", p.d_o.data}, {"h", p.h.data}}));
   TPF_RETURN_IF_ERROR(detail::require_sm90(kOp));
   using B = __nv_bfloat16;
-  const gated::BwdArgs a{rows_of(p.dz),
+  const gated::BwdArgs a{shape_of(p.dz),
                          p.dz.data,
                          p.dz.dtype,
                          scale_of(p.scale),

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "residual/kernels.h"
 #include "turbopairformer/tensor.h"
 
 namespace tpf::gated {
@@ -21,18 +22,14 @@ namespace tpf::gated {
 constexpr int kK = 128;  // gate and attention width: heads x head dim
 constexpr int kN = 128;  // output channels
 
-struct Rows {  // shape [B, I, J] of the row index
-  int64_t B, I, J;
-  __host__ __device__ int64_t count() const { return B * I * J; }
-};
-
-struct Scale {  // bf16 scale[b, i, j, n] at p[b s[0] + i s[1] + j s[2] + n s[3]], s[3] 0 or 1; p null: 1
-  const __nv_bfloat16* p;
-  int64_t s[4];
-};
+// Rows r = (b I + i) J + j of the pair shape {B, I, J, C = kN}; the scale as the residual
+// update's (bf16, through its strides, the last 0 or 1; p null: 1).
+using residual::Scale;
+using residual::Shape;
+__host__ __device__ inline int64_t row_count(const Shape& s) { return s.B * s.I * s.J; }
 
 struct FwdArgs {
-  Rows rows;
+  Shape shape;
   const __nv_bfloat16* g;     // [rows][K] at row stride ld_g
   int64_t ld_g;
   const __nv_bfloat16* o;     // [rows][K] at row stride ld_o
@@ -48,7 +45,7 @@ struct FwdArgs {
 cudaError_t forward(const FwdArgs& a, cudaStream_t stream);
 
 struct BwdArgs {
-  Rows rows;
+  Shape shape;
   const void* dz;             // [rows][N] in dz_dtype (fp32 or bf16): the gradient of out
   DType dz_dtype;
   Scale scale;

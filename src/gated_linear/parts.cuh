@@ -1,10 +1,14 @@
 // Parts of the fused gated output projection (gated_linear/forward.cu, backward.cu).
 //
-// A block is one warpgroup walking 64-row tiles of a persistent grid (several blocks a
-// multiprocessor, so that one's loads run under another's products). Its weight tile stays in
-// shared memory for the whole walk. Every operand row comes from global memory straight into
-// this thread's fragment positions: the A fragments of the m64n128k16 products (A from
-// registers) and the positions of their accumulators, so no tile is staged in shared memory.
+// A block is one warpgroup walking 64-row tiles of a persistent grid, two blocks a
+// multiprocessor (shared memory bounds it), so that one's arithmetic runs under the other's
+// memory traffic. Its weight tile stays in shared memory for the whole walk. g and o come into
+// shared memory by cp.async; the pair-tensor side (x, scale and out; dz, scale and du) runs in
+// row passes of 16-byte pieces, as the residual kernels do, through a staged bf16 tile. Each
+// thread reads or writes the staged tiles at its fragment positions: the A fragments of the
+// m64n128k16 products (A from registers) and the positions of their accumulators. Global
+// accesses at those positions would touch 8 rows an instruction, which the memory pipeline
+// serves 8 times slower than whole rows.
 //
 // Fragment positions (warp w, g = lane / 4, t = lane % 4), rows row0 = 16 w + g and row0 + 8:
 //   A fragment of k16 step kk: a[2 hh + rr] holds (row0 + 8 rr, 16 kk + 8 hh + 2 t, + 1)
@@ -16,6 +20,7 @@
 #include "common/swizzle.cuh"
 #include "common/wgmma.cuh"
 #include "gated_linear/kernels.h"
+#include "residual/vec8.cuh"
 
 namespace tpf::gated {
 
@@ -23,13 +28,12 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kTileRows = 64;  // rows of a tile: one warpgroup
 constexpr int kThreads = 128;
-// Blocks a multiprocessor, the occupancy the register budgets allow without spilling: the
-// forward holds the A fragments and the accumulators (<= 128 registers), the backward also the
-// gate's g and o rows for the epilogue (<= 168).
-constexpr int kForwardBlocks = 4, kBackwardBlocks = 3;
+constexpr int kBlocksPerSm = 2;  // 84 KB of shared memory each: the weight and three staged tiles
 constexpr int kSteps = kK / 16;                   // k16 steps of a product (K = N = 128)
 constexpr int kTiles8 = kN / 8;                   // n8 accumulator tiles
 constexpr uint32_t kHalfBytes = 128 * 64 * 2;     // one [128][64] half of the weight tile
+constexpr uint32_t kWeightBytes = 2 * kHalfBytes;
+constexpr int kVec = residual::kVec;              // channels of a row pass's piece
 static_assert(kK == kN, "the backward's product runs over N with K outputs: one tile shape");
 
 struct Frag {
@@ -45,20 +49,6 @@ __device__ __forceinline__ void store2(bf16* p, float a, float b) {
 }
 __device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
-// The scale's row (b, i, j) of row r, or null where there is no scale.
-__device__ __forceinline__ const bf16* scale_row(const Scale& s, const Rows& n, int64_t r) {
-  if (!s.p) return nullptr;
-  const int64_t j = r % n.J, i = (r / n.J) % n.I, b = r / (n.J * n.I);
-  return s.p + b * s.s[0] + i * s.s[1] + j * s.s[2];
-}
-// The scale of columns c, c + 1 of a row from scale_row (1 without a scale).
-__device__ __forceinline__ float2 scale_at(const bf16* row, const Scale& s, int c) {
-  if (!row) return make_float2(1.f, 1.f);
-  if (s.s[3] == 1) return load2(row + c);
-  const float v = __bfloat162float(*row);
-  return make_float2(v, v);
-}
 
 // The weight W [N][K] as the K-major B tile [2 halves][128][64] (128B-swizzled): element (n, k)
 // is W[n][k], or W[k][n] when `transposed` (the backward's B = W, its K over W's rows).
@@ -84,16 +74,69 @@ __device__ __forceinline__ void project(float (&acc)[64], const uint32_t (&a)[kS
   dev::wgmma_fence_operands(acc);
 }
 
-// The persistent grid: as many blocks as fit on the device (kernel's occupancy), at most one a
-// tile; or the error of the queries.
+// One operand's rows [m0, m0 + 64) of a tile in shared memory: rows of kBytes, each padded by
+// kBytes / 16 so that a fragment access (8 rows x 4 lanes) touches 32 distinct banks.
+template <int kBytes>
+struct Staged {
+  static constexpr int kPitch = kBytes + kBytes / 16;  // bytes from one row to the next
+  static constexpr uint32_t kSize = kTileRows * kPitch;
+  uint8_t* base;
+  // cp.async copies of the rows from src (row stride ld_bytes); rows past the end are zeros.
+  __device__ __forceinline__ void issue(const void* src, int64_t ld_bytes, int64_t m0, int64_t rows) const {
+    constexpr int kChunks = kBytes / 16;
+    for (int e = threadIdx.x; e < kTileRows * kChunks; e += kThreads) {
+      const int r = e / kChunks, ch = e % kChunks;
+      const bool in = m0 + r < rows;
+      const char* p = static_cast<const char*>(src) + (in ? (m0 + r) * ld_bytes + 16 * ch : 0);
+      dev::cp_async_16(base + r * kPitch + 16 * ch, p, in);
+    }
+  }
+  template <class T>
+  __device__ __forceinline__ T* row(int r) const { return reinterpret_cast<T*>(base + r * kPitch); }
+  // The rows back to dst (row stride ld_bytes) in 16-byte pieces, a warp's store covering whole
+  // rows; rows past the end are not written.
+  __device__ __forceinline__ void flush(void* dst, int64_t ld_bytes, int64_t m0, int64_t rows) const {
+    constexpr int kChunks = kBytes / 16;
+    for (int e = threadIdx.x; e < kTileRows * kChunks; e += kThreads) {
+      const int r = e / kChunks, ch = e % kChunks;
+      if (m0 + r < rows)
+        *reinterpret_cast<uint4*>(static_cast<char*>(dst) + (m0 + r) * ld_bytes + 16 * ch) =
+            *reinterpret_cast<const uint4*>(base + r * kPitch + 16 * ch);
+    }
+  }
+};
+
+using Rows16 = Staged<kK * 2>;  // bf16 [64][128]: g, o, and the pair-side tile
+
+// The row passes: a thread's pieces of kVec channels of a tile, piece k at tile row r from
+// channel c, a warp covering whole rows; their loads go kBatch pieces at a time, so that two
+// blocks a multiprocessor keep enough bytes in flight.
+constexpr int kPieces = kN / kVec;                           // pieces of a row
+constexpr int kPassPieces = kTileRows * kPieces / kThreads;  // a thread's pieces of a tile
+constexpr int kBatch = 4;
+struct Piece {
+  int r, c;
+  __device__ explicit Piece(int k) : r((threadIdx.x + k * kThreads) / kPieces), c(kVec * ((threadIdx.x + k * kThreads) % kPieces)) {}
+};
+
+// Waits for every copy group but the newest `kPending`, then for the whole block (one
+// warpgroup), so that each thread reads what the others' copies brought.
+template <int kPending>
+__device__ __forceinline__ void staged_ready() {
+  dev::cp_async_wait<kPending>();
+  __syncthreads();
+}
+
+// The persistent grid: two blocks a multiprocessor, at most one a tile; the dynamic shared
+// memory opted in; or the error of the queries.
 template <class Kernel>
-cudaError_t grid_for(Kernel k, int64_t rows, unsigned* blocks) {
-  int device = 0, sms = 0, per_sm = 0;
+cudaError_t grid_for(Kernel k, int64_t rows, uint32_t smem_bytes, unsigned* blocks) {
+  int device = 0, sms = 0;
   cudaError_t e;
   if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
   if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
-  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, 0)) != cudaSuccess) return e;
-  const int64_t tiles = (rows + kTileRows - 1) / kTileRows, most = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  if ((e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes)) != cudaSuccess) return e;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows, most = int64_t(sms) * kBlocksPerSm;
   *blocks = static_cast<unsigned>(tiles < most ? tiles : most);
   return cudaSuccess;
 }
