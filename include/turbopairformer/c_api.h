@@ -94,9 +94,9 @@ typedef struct tpf_transition_backward_args {
 } tpf_transition_backward_args;
 
 /* The fused gated output projection (turbopairformer/gated_linear.h): out = x + scale
- * (sigmoid(g) o) W^T + bias, and its backward (dz, du, dg, d_o, h). */
+ * (sigmoid(g) o) W^T + bias. */
 typedef struct tpf_gated_linear_args {
-  tpf_tensor g, o, w, bias, x, scale, out, dz, du, dg, d_o, h;
+  tpf_tensor g, o, w, bias, x, scale, out;
 } tpf_gated_linear_args;
 
 /* The layout of the structs above as compiled into the library, for bindings that mirror them
@@ -146,8 +146,6 @@ TPF_C_API int tpf_transition_backward(const tpf_transition_backward_args* a, int
                                       char* err, size_t err_len);
 TPF_C_API int tpf_gated_linear_forward(const tpf_gated_linear_args* a, int32_t on_gpu, void* stream, char* err,
                                        size_t err_len);
-TPF_C_API int tpf_gated_linear_backward(const tpf_gated_linear_args* a, int32_t on_gpu, void* stream, char* err,
-                                        size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_forward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,
                                        size_t err_len);
 TPF_C_API int tpf_sigmoid_gate_backward(const tpf_sigmoid_gate_args* a, int32_t on_gpu, void* stream, char* err,

@@ -42,6 +42,5 @@ Status transition_forward(const TransitionParams& p);
 Status transition_backward(const TransitionBackwardParams& p);
 // The gated output projection in FP64 with no intermediate rounding.
 Status gated_linear_forward(const GatedLinearParams& p);
-Status gated_linear_backward(const GatedLinearBackwardParams& p);
 
 }  // namespace tpf::reference

@@ -1,8 +1,7 @@
 """The library's fused gated output projection (turbopairformer/gated_linear.h) for the attention
-layer's node: out = x + scale * (sigmoid(g) * o) W^T + b in one pass, and its backward (du =
-dout * scale, dh = du W, the gate's backward, and h = sigmoid(g) * o again for the weight
-gradient) in another. Built for 128 gate channels and 128 output channels in bf16 on sm_90;
-other cases take the unfused path (layers._TriangleAttentionLayer)."""
+layer's node: out = x + scale * (sigmoid(g) * o) W^T + b in one pass, the gated activation never
+written. Built for 128 gate channels and 128 output channels in bf16 on sm_90; other cases take
+the unfused path (layers._TriangleAttentionLayer), and the backward is always the unfused one."""
 
 from __future__ import annotations
 
@@ -73,35 +72,12 @@ def supported(g, o, w, x, scale, shape) -> bool:
     )
 
 
-def grad_supported(dout: torch.Tensor) -> bool:
-    """Whether the backward's kernel takes this gradient of out (fp32 or bf16)."""
-    return dout.dtype in (torch.float32, torch.bfloat16)
-
-
 def forward(g, o, w, bias, x, scale, shape) -> torch.Tensor:
     """out [B, I, J, 128]: x + scale * (sigmoid(g) o) w^T + bias in x's dtype, or without x the
     projection alone in bf16. g, o [R, 128]; w [128, 128] and bias [128] (or None) bf16."""
     dtype = torch.bfloat16 if x is None else x.dtype
     out = torch.empty(shape, dtype=dtype, device=g.device)
     s = None if scale is None else scale.expand(shape)
-    a = _calls.struct(
-        _native.TpfGatedLinearArgs, g=g, o=o, w=w, bias=bias, x=x, scale=s, out=out
-    )
+    a = _calls.struct(_native.TpfGatedLinearArgs, g=g, o=o, w=w, bias=bias, x=x, scale=s, out=out)
     _calls.run(_native.LIB.tpf_gated_linear_forward, a, g)
     return out
-
-
-def backward(dout, scale, g, o, w, dg):
-    """(du, d_o, h) from the gradient dout [B, I, J, 128] of out: du = dout * scale (bf16, the
-    weight gradient's left side), dg written into the given [R, 128] view, d_o and h =
-    sigmoid(g) o [R, 128] contiguous."""
-    dout = dout.contiguous()
-    du = torch.empty(dout.shape, dtype=torch.bfloat16, device=dout.device)
-    d_o = torch.empty(g.shape, dtype=torch.bfloat16, device=g.device)
-    h = torch.empty_like(d_o)
-    s = None if scale is None else scale.expand(dout.shape)
-    a = _calls.struct(
-        _native.TpfGatedLinearArgs, dz=dout, scale=s, g=g, o=o, w=w, du=du, dg=dg, d_o=d_o, h=h
-    )
-    _calls.run(_native.LIB.tpf_gated_linear_backward, a, g)
-    return du, d_o, h

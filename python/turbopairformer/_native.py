@@ -110,7 +110,6 @@ def _signatures(lib) -> None:
     lib.tpf_transition_backward.argtypes = (tbargs, ctypes.c_int32, ctypes.c_void_p) + err
     glargs = ctypes.POINTER(TpfGatedLinearArgs)
     lib.tpf_gated_linear_forward.argtypes = (glargs, ctypes.c_int32, ctypes.c_void_p) + err
-    lib.tpf_gated_linear_backward.argtypes = lib.tpf_gated_linear_forward.argtypes
     lib.tpf_layer_norm_forward.argtypes = (largs, ctypes.c_int32, ctypes.c_void_p) + err
     lib.tpf_layer_norm_backward_workspace_size.argtypes = (
         largs,
@@ -169,7 +168,6 @@ def _signatures(lib) -> None:
         lib.tpf_transition_forward,
         lib.tpf_transition_backward,
         lib.tpf_gated_linear_forward,
-        lib.tpf_gated_linear_backward,
     ):
         f.restype = ctypes.c_int
 

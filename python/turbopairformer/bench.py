@@ -857,6 +857,12 @@ def main(argv=None):
         "(default 384,768,1024)",
     )
     ap.add_argument(
+        "--gated-linear",
+        action="store_true",
+        help="only the attention layers' gated output projection, the fused forward kernel "
+        "against the unfused path, at --n (default 384,768,1024)",
+    )
+    ap.add_argument(
         "--breakdown",
         action="store_true",
         help="with --pairformer: each pair-track module alone, ours and plain PyTorch, with our "
@@ -912,6 +918,7 @@ def main(argv=None):
         or args.pairformer
         or args.head_dims
         or args.transition
+        or args.gated_linear
     )
     directions = args.trimul_directions.split(",")
     if report_run and not set(directions) <= {"outgoing", "incoming"}:
@@ -930,6 +937,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("turbopairformer.bench: no CUDA GPU; the report times GPU kernels")
     gpu = torch.cuda.get_device_name()
+    command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.trimul_accuracy:
         out = _out_dir(args.out, gpu)
         rows = trimul_floor_table([int(n) for n in args.trimul_accuracy.split(",")])
@@ -940,20 +948,22 @@ def main(argv=None):
         from . import bench_transition
 
         out = _out_dir(args.out, gpu)
-        command = "python -m turbopairformer.bench " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
         rows = bench_transition.table([int(n) for n in (args.n or "384,768,1024").split(",")])
         bench_transition.write(rows, out, gpu, command)
         print(f"written {out}/transition.md")
+        return
+    if args.gated_linear:
+        from . import bench_gated_linear
+
+        out = _out_dir(args.out, gpu)
+        rows = bench_gated_linear.table([int(n) for n in (args.n or "384,768,1024").split(",")])
+        bench_gated_linear.write(rows, out, gpu, command)
+        print(f"written {out}/gated_linear.md")
         return
     if args.attention_accuracy:
         from . import bench_accuracy
 
         out = _out_dir(args.out, gpu)
-        command = "python -m turbopairformer.bench " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
         Ns = [int(n) for n in args.attention_accuracy.split(",")]
         rows = bench_accuracy.table(Ns, [int(d) for d in args.d.split(",")])
         bench_accuracy.write(rows, out, gpu, command)
@@ -963,7 +973,6 @@ def main(argv=None):
     if args.pairformer:
         default_n = "768" if args.breakdown else "256,384,512,640,768,1024"
     Ns = [int(x) for x in (args.n or default_n).split(",")]
-    command = "python -m turbopairformer.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.pairformer:
         from . import bench_pairformer
 
@@ -1014,8 +1023,7 @@ def main(argv=None):
     rows = []
     started = time.monotonic()
     meta = lambda: {
-        "command": "python -m turbopairformer.bench "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command,
         "wall_s": round(time.monotonic() - started, 1),
     }
     save = lambda: write_report(

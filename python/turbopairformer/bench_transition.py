@@ -19,23 +19,17 @@ from ._results import write_tables
 from .bench_pairformer import _median_ms
 
 
-def _case(N, fused: bool):
-    from .pairformer import SwiGLUTransition
-
-    torch.manual_seed(N)
-    m = SwiGLUTransition(128, 4).cuda()
-    x = torch.randn(1, N, N, 128, device="cuda", requires_grad=True)
-    keep = torch.ones(N, device="cuda")
-    keep[int(0.95 * N) :] = 0
-    mask = (keep[:, None] * keep[None, :])[None]
-    g = torch.randn_like(x)
-    supported = _transition.supported
-    _transition.supported = supported if fused else (lambda *a: False)
+def node_case(m, x, scale, g, owner, fused: bool):
+    """One node's residual update m.residual_update(x, scale) under bf16 autocast, with the fused
+    kernels of `owner` (a module with supported()) on or off: forward and forward + backward
+    (median CUDA-event ms) and the peak extra GiB of a forward + backward."""
+    supported = owner.supported
+    owner.supported = supported if fused else (lambda *a: False)
     try:
 
         def step(bwd):
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = m.residual_update(x, mask)
+                y = m.residual_update(x, scale)
             if bwd:
                 y.backward(g)
 
@@ -49,8 +43,20 @@ def _case(N, fused: bool):
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     finally:
-        _transition.supported = supported
+        owner.supported = supported
     return {"fwd_ms": fwd, "fwd_bwd_ms": fb, "peak_gib": peak}
+
+
+def _case(N, fused: bool):
+    from .pairformer import SwiGLUTransition
+
+    torch.manual_seed(N)
+    m = SwiGLUTransition(128, 4).cuda()
+    x = torch.randn(1, N, N, 128, device="cuda", requires_grad=True)
+    keep = torch.ones(N, device="cuda")
+    keep[int(0.95 * N) :] = 0
+    mask = (keep[:, None] * keep[None, :])[None]
+    return node_case(m, x, mask, torch.randn_like(x), _transition, fused)
 
 
 def _kernels(N):

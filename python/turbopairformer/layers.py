@@ -16,9 +16,9 @@ PyTorch's per-op temporaries:
     triangle_attention_layer(x, ...)      a whole TriangleAttention layer (LayerNorm, the stacked
                                           projection, the attention, the sigmoid gate, the
                                           output projection), its backward writing every
-                                          projection gradient in place; the gate, the output
-                                          projection and the residual add run as one kernel
-                                          each way where it is built (_gated_linear.py)
+                                          projection gradient in place; the forward's gate,
+                                          output projection and residual add run as one
+                                          kernel where it is built (_gated_linear.py)
     residual_add(z, out, scale)           z + scale * out in one pass (the library's kernel)
 
 swiglu_transition and triangle_attention_layer take residual=True to return residual_add(x,
@@ -378,8 +378,8 @@ class _TriangleAttentionLayer(torch.autograd.Function):
             g_rows, o_rows = _gate_rows(y, heads), o.view(-1, H * c)  # [R, H c]
             x_res = x if residual else None
             shape = (B, I, J, wo.shape[0])
-            ctx.fused_out = _gated_linear.supported(g_rows, o_rows, wo_c, x_res, scale, shape)
-            if ctx.fused_out:  # gate, output projection and residual in one pass
+            if _gated_linear.supported(g_rows, o_rows, wo_c, x_res, scale, shape):
+                # the gate, the output projection and the residual add in one pass
                 out = _gated_linear.forward(g_rows, o_rows, wo_c, bo_c, x_res, scale, shape)
             else:
                 og = _gate.forward(g_rows, o_rows)  # [R, H c]
@@ -405,17 +405,12 @@ class _TriangleAttentionLayer(torch.autograd.Function):
         Hc = H * c
         to, _ = _slice_order(ctx.starting)
         dz = dout if ctx.residual else None
+        dout = _branch_grad(dout, scale if ctx.residual else None, y.dtype)
+        dog = _rows(dout) @ wo_c  # [R, H c]
         dy = torch.empty_like(y)  # the stacked projection's gradient, every block written in place
-        out_scale = scale if ctx.residual else None
-        g_rows, o_rows = _gate_rows(y, heads), o.view(-1, Hc)  # [R, H c]
-        if ctx.fused_out and _gated_linear.grad_supported(dout):
-            dout, d_o, og = _gated_linear.backward(
-                dout, out_scale, g_rows, o_rows, wo_c, _gate_rows(dy, heads)
-            )  # dg lands in dy's gate block; dout: the branch's gradient (bf16)
-        else:
-            dout = _branch_grad(dout, out_scale, y.dtype)
-            dog = _rows(dout) @ wo_c  # [R, H c]
-            _, d_o, og = _gate.backward(g_rows, o_rows, dog, _gate_rows(dy, heads))
+        _, d_o, og = _gate.backward(
+            _gate_rows(y, heads), o.view(-1, Hc), dog, _gate_rows(dy, heads)
+        )  # dg lands in dy's gate block; d_o, og: [R, H c]
         dwo, dbo = _weight_grads(dout, og, ctx.w_dtype, ctx.has_out_bias)
         dq, dk, dv = (_heads_block(dy, t, heads, to) for t in range(3))
         q, k, v = (_heads_block(y, t, heads, to) for t in range(3))

@@ -94,10 +94,6 @@ tpf::GatedLinearParams gated_linear_params(const tpf_gated_linear_args& a) {
   return {view(a.g), view(a.o), view(a.w), view(a.bias), view(a.x), view(a.scale), view(a.out)};
 }
 
-tpf::GatedLinearBackwardParams gated_linear_backward_params(const tpf_gated_linear_args& a) {
-  return {view(a.dz), view(a.scale), view(a.g), view(a.o), view(a.w), view(a.du), view(a.dg), view(a.d_o), view(a.h)};
-}
-
 tpf::TrimulWeights trimul_weights(const tpf_tensor* w) {
   tpf::TrimulWeights t;
   int i = 0;
@@ -156,9 +152,7 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_gated_linear_args, g, "tensor") TPF_ROW_(tpf_gated_linear_args, o, "tensor")
     TPF_ROW_(tpf_gated_linear_args, w, "tensor") TPF_ROW_(tpf_gated_linear_args, bias, "tensor")
     TPF_ROW_(tpf_gated_linear_args, x, "tensor") TPF_ROW_(tpf_gated_linear_args, scale, "tensor")
-    TPF_ROW_(tpf_gated_linear_args, out, "tensor") TPF_ROW_(tpf_gated_linear_args, dz, "tensor")
-    TPF_ROW_(tpf_gated_linear_args, du, "tensor") TPF_ROW_(tpf_gated_linear_args, dg, "tensor")
-    TPF_ROW_(tpf_gated_linear_args, d_o, "tensor") TPF_ROW_(tpf_gated_linear_args, h, "tensor")
+    TPF_ROW_(tpf_gated_linear_args, out, "tensor")
 };
 #undef TPF_ROW_
 #undef TPF_ATTN_ROW_
@@ -309,14 +303,6 @@ int tpf_gated_linear_forward(const tpf_gated_linear_args* a, int32_t on_gpu, voi
   const auto p = gated_linear_params(*a);
   return report(on_gpu ? tpf::gated_linear_forward(p, static_cast<cudaStream_t>(stream))
                        : tpf::reference::gated_linear_forward(p),
-                err, err_len);
-}
-
-int tpf_gated_linear_backward(const tpf_gated_linear_args* a, int32_t on_gpu, void* stream, char* err,
-                              size_t err_len) {
-  const auto p = gated_linear_backward_params(*a);
-  return report(on_gpu ? tpf::gated_linear_backward(p, static_cast<cudaStream_t>(stream))
-                       : tpf::reference::gated_linear_backward(p),
                 err, err_len);
 }
 

@@ -1,113 +1,155 @@
-// The fused gated output projection's forward on Hopper (sm_90a): for each 64-row tile,
+// The fused gated output projection on Hopper (sm_90a). A block is one warpgroup walking 64-row
+// tiles of a persistent grid, four blocks a multiprocessor so that one's loads run under the
+// others' products; its weight tile stays in shared memory for the whole walk. For each tile:
 //   h = sigmoid(g) o               in registers, rounded to bf16, as the A fragments of
 //   y = h W^T + bias               m64n128k16 x 8, W resident in shared memory
-//   out = x + scale y   or   y     a row pass over y, rounded to bf16 and staged
-// The unfused path's h and y (bf16) are never written: per row it reads g, o and x and writes
-// out, 1.5 KB with fp32 x, which at N = 768 (589,824 rows) is 0.91 GB, 0.19 ms at 4.8 TB/s;
-// the product, 19 GFLOP, is far under that.
+//   out = x + scale y   or   y     from the accumulators' positions
+// Every operand comes from global memory straight into this thread's fragment positions, with
+// nothing staged in shared memory: at N = 768 that ran faster (0.327 ms) than staging g and o by
+// cp.async and the pair side in row passes at two blocks a multiprocessor (0.370 ms;
+// docs/perf-notes.md). Per row it reads g, o and x and writes out, 1.5 KB with fp32 x: at
+// N = 768 (589,824 rows) 0.91 GB, 0.19 ms at 4.8 TB/s; the product, 19 GFLOP, is far under it.
+//
+// Fragment positions (warp w, g = lane / 4, t = lane % 4), rows row0 = 16 w + g and row0 + 8:
+//   A fragment of k16 step kk: a[2 hh + rr] holds (row0 + 8 rr, 16 kk + 8 hh + 2 t, + 1)
+//   accumulator of n8 tile i:  acc[4 i + 2 rr + e] holds (row0 + 8 rr, 8 i + 2 t + e)
+#include <cuda_bf16.h>
+
 #include "activation/gate_math.cuh"
-#include "gated_linear/parts.cuh"
+#include "common/mma.cuh"
+#include "common/swizzle.cuh"
+#include "common/wgmma.cuh"
+#include "gated_linear/kernels.h"
 
 namespace tpf::gated {
 namespace {
 
-struct Smem {  // byte offsets of the dynamic window (1024-byte aligned: the weight's swizzle)
-  static constexpr uint32_t g = kWeightBytes, o = g + Rows16::kSize, y = o + Rows16::kSize;
-  static constexpr uint32_t bytes = y + Rows16::kSize;
+using bf16 = __nv_bfloat16;
+
+constexpr int kTileRows = 64;  // rows of a tile: one warpgroup
+constexpr int kThreads = 128;
+constexpr int kBlocksPerSm = 4;               // the register budget's (<= 128 a thread, no spills)
+constexpr int kSteps = kK / 16;               // k16 steps of the product
+constexpr int kTiles8 = kN / 8;               // n8 accumulator tiles
+constexpr uint32_t kHalfBytes = 128 * 64 * 2;  // one [128][64] half of the weight tile
+
+struct Frag {
+  int row0;  // first of this thread's two rows in the tile
+  int col;   // 2 t: this thread's column within an 8-column group
+  __device__ Frag() : row0(16 * (threadIdx.x / 32) + (threadIdx.x % 32) / 4), col(2 * (threadIdx.x % 4)) {}
 };
 
-// h = sigmoid(g) o for this thread's A-fragment positions of the staged tile.
-__device__ __forceinline__ void gated_fragments(uint32_t (&h)[kSteps][4], Rows16 gs, Rows16 os, const Frag& f) {
+__device__ __forceinline__ float2 load2(const bf16* p) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p)); }
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ void store2(bf16* p, float a, float b) { *reinterpret_cast<uint32_t*>(p) = dev::MmaOp<bf16>::pack(a, b); }
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// The scale's row (b, i, j) of row r, or null where there is none.
+__device__ __forceinline__ const bf16* scale_row(const FwdArgs& a, int64_t r) {
+  if (!a.scale.p) return nullptr;
+  const Shape& n = a.shape;
+  const int64_t j = r % n.J, i = (r / n.J) % n.I, b = r / (n.J * n.I);
+  return static_cast<const bf16*>(a.scale.p) + b * a.scale.s[0] + i * a.scale.s[1] + j * a.scale.s[2];
+}
+// The scale of channels c, c + 1 of a row from scale_row (1 without a scale).
+__device__ __forceinline__ float2 scale_at(const bf16* row, const Scale& s, int c) {
+  if (!row) return make_float2(1.f, 1.f);
+  if (s.s[3] == 1) return load2(row + c);
+  const float v = __bfloat162float(*row);
+  return make_float2(v, v);
+}
+
+// W [N][K] as the K-major B tile [2 halves][128 n][64 k] (128B-swizzled). Coalesced reads of W;
+// once a block, so the scattered 2-byte stores do not matter.
+__device__ __forceinline__ void load_weight(bf16* tile, const bf16* w) {
+  for (int e = threadIdx.x; e < kN * kK; e += kThreads) *dev::halves_at<128>(tile, e / kK, e % kK) = w[e];
+  dev::fence_proxy_async();  // the generic-proxy stores, visible to wgmma
+  __syncthreads();
+}
+
+// h = sigmoid(g) o at this thread's A-fragment positions of the tile at m0 (zeros past the end).
+__device__ __forceinline__ void gated_fragments(uint32_t (&h)[kSteps][4], const FwdArgs& a, int64_t m0, const Frag& f) {
+  const int64_t rows = row_count(a.shape);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const bf16* g = gs.row<bf16>(f.row0 + 8 * rr) + f.col;  // [K] from this thread's column
-    const bf16* o = os.row<bf16>(f.row0 + 8 * rr) + f.col;
+    const int64_t r = m0 + f.row0 + 8 * rr;
+    const bf16* g = a.g + r * a.ld_g + f.col;  // [K] row r, from this thread's column
+    const bf16* o = a.o + r * a.ld_o + f.col;
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float2 gv = load2(g + 16 * kk + 8 * hh), ov = load2(o + 16 * kk + 8 * hh);
+        const int c = 16 * kk + 8 * hh;
+        const float2 gv = r < rows ? load2(g + c) : make_float2(0.f, 0.f);
+        const float2 ov = r < rows ? load2(o + c) : make_float2(0.f, 0.f);
         h[kk][2 * hh + rr] = dev::MmaOp<bf16>::pack(act::sigmoid(gv.x) * ov.x, act::sigmoid(gv.y) * ov.y);
       }
   }
 }
 
-// y = round(acc + bias) staged at the accumulator positions.
-__device__ __forceinline__ void stage_y(const float (&acc)[64], const bf16* bias, Rows16 ys, const Frag& f) {
+// acc = h W^T over K = 128: A from registers, B the weight tile.
+__device__ __forceinline__ void project(float (&acc)[64], const uint32_t (&h)[kSteps][4], uint32_t tile) {
+  dev::wgmma_fence();
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    bf16* y = ys.row<bf16>(f.row0 + 8 * rr) + f.col;
-#pragma unroll
-    for (int i = 0; i < kTiles8; ++i) {
-      const float2 b = bias ? load2(bias + 8 * i + f.col) : make_float2(0.f, 0.f);
-      store2(y + 8 * i, acc[4 * i + 2 * rr] + b.x, acc[4 * i + 2 * rr + 1] + b.y);
-    }
-  }
+  for (int kk = 0; kk < kSteps; ++kk)
+    dev::WgmmaN128RS<0>::run(acc, h[kk], dev::wgmma_desc(tile + (kk / 4) * kHalfBytes + 32 * (kk % 4), 16, 1024), kk > 0);
+  dev::wgmma_commit();
+  dev::wgmma_wait<0>();
+  dev::wgmma_fence_operands(acc);
 }
 
-// out = x + scale y (or y) in row pieces from the staged y.
+// out = x + scale round(y) (or round(y)) from the accumulators, y = acc + bias.
 template <class Tout>
-__device__ __forceinline__ void residual_rows(const FwdArgs& a, Rows16 ys, int64_t m0) {
+__device__ __forceinline__ void store_out(const float (&acc)[64], const FwdArgs& a, int64_t m0, const Frag& f) {
   const int64_t rows = row_count(a.shape);
 #pragma unroll
-  for (int k0 = 0; k0 < kPassPieces; k0 += kBatch) {
-    float x[kBatch][kVec], s[kBatch][kVec];  // [piece][channel c + e]
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t r = m0 + f.row0 + 8 * rr;
+    if (r >= rows) continue;
+    const bf16* s = a.x ? scale_row(a, r) : nullptr;
+    const Tout* x = a.x ? static_cast<const Tout*>(a.x) + r * kN + f.col : nullptr;  // [N] row r
+    Tout* out = static_cast<Tout*>(a.out) + r * kN + f.col;
+    float2 xv[kTiles8];  // x at the tile's columns 8 i + 2 t, + 1, loaded first: one latency
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const Piece p(k0 + k);
-      const int64_t row = m0 + p.r;
-      if (a.x && row < rows) {
-        residual::load8(x[k], static_cast<const Tout*>(a.x) + row * kN + p.c);
-        residual::load_scale<bf16>(s[k], a.shape, a.scale, row, p.c);
+    for (int i = 0; i < kTiles8; ++i) xv[i] = x ? load2(x + 8 * i) : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < kTiles8; ++i) {
+      const int n = 8 * i + f.col;
+      const float2 b = a.bias ? load2(a.bias + n) : make_float2(0.f, 0.f);
+      float y0 = round_bf16(acc[4 * i + 2 * rr] + b.x), y1 = round_bf16(acc[4 * i + 2 * rr + 1] + b.y);
+      if (x) {
+        const float2 sc = scale_at(s, a.scale, n);
+        y0 = xv[i].x + sc.x * y0, y1 = xv[i].y + sc.y * y1;
       }
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const Piece p(k0 + k);
-      const int64_t row = m0 + p.r;
-      if (row >= rows) continue;
-      float y[kVec];
-      residual::load8(y, ys.row<bf16>(p.r) + p.c);
-      if (a.x)
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) y[e] = x[k][e] + s[k][e] * y[e];
-      residual::store8(static_cast<Tout*>(a.out) + row * kN + p.c, y);
+      store2(out + 8 * i, y0, y1);
     }
   }
 }
 
-// Copy groups in flight: g, o of the next tile, issued once this tile's fragments are built.
 template <class Tout>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) forward_kernel(FwdArgs a) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  const Rows16 gs{smem + Smem::g}, os{smem + Smem::o}, ys{smem + Smem::y};
-  const int64_t rows = row_count(a.shape), step = int64_t(gridDim.x) * kTileRows;
-  auto issue_gate = [&](int64_t m0) {
-    if (m0 < rows) gs.issue(a.g, a.ld_g * 2, m0, rows), os.issue(a.o, a.ld_o * 2, m0, rows);
-    dev::cp_async_commit();
-  };
-  issue_gate(int64_t(blockIdx.x) * kTileRows);
-  load_weight(reinterpret_cast<bf16*>(smem), a.w, false);  // B(n, k) = W[n][k]
+  __shared__ __align__(1024) bf16 w_tile[kN * kK];  // B(n, k) = W[n][k], [2 halves][128][64]
+  load_weight(w_tile, a.w);
   const Frag f;
-  for (int64_t m0 = int64_t(blockIdx.x) * kTileRows; m0 < rows; m0 += step) {
-    staged_ready<0>();  // g, o of m0; the previous tile's y read out
+  const int64_t rows = row_count(a.shape);
+  for (int64_t m0 = int64_t(blockIdx.x) * kTileRows; m0 < rows; m0 += int64_t(gridDim.x) * kTileRows) {
     uint32_t h[kSteps][4];
-    gated_fragments(h, gs, os, f);
+    gated_fragments(h, a, m0, f);
     float acc[64];  // y - bias at the accumulator positions
-    project(acc, h, dev::smem_addr(smem));
-    stage_y(acc, a.bias, ys, f);
-    __syncthreads();  // g, o read; y staged
-    issue_gate(m0 + step);
-    residual_rows<Tout>(a, ys, m0);
+    project(acc, h, dev::smem_addr(w_tile));
+    store_out<Tout>(acc, a, m0, f);
   }
 }
 
 template <class Tout>
 cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
-  unsigned blocks = 0;
-  if (cudaError_t e = grid_for(forward_kernel<Tout>, row_count(a.shape), Smem::bytes, &blocks); e != cudaSuccess)
-    return e;
-  forward_kernel<Tout><<<blocks, kThreads, Smem::bytes, stream>>>(a);
+  int device = 0, sms = 0;
+  cudaError_t e;
+  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
+  const int64_t tiles = (row_count(a.shape) + kTileRows - 1) / kTileRows, most = int64_t(sms) * kBlocksPerSm;
+  forward_kernel<Tout><<<static_cast<unsigned>(tiles < most ? tiles : most), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

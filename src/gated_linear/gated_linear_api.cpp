@@ -1,4 +1,4 @@
-// The fused gated output projection: validation and the CUDA entry points.
+// The fused gated output projection: validation and the CUDA entry point.
 #include <string>
 
 #include "common/cuda_check.h"
@@ -36,19 +36,15 @@ Status check_pair(const Checker& c, const char* arg, const TensorView& t, const 
   return c.aligned(arg, t, 16);
 }
 
-// Rows [R, K = 128] bf16 with a unit last stride and 16-byte rows; contiguous when `dense`.
-Status check_rows(const Checker& c, const char* arg, const TensorView& t, int64_t R, bool ref, bool out, bool dense) {
+// Rows [R, K = 128] bf16 with a unit last stride and 16-byte rows.
+Status check_rows(const Checker& c, const char* arg, const TensorView& t, int64_t R, bool ref) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
   if (t.rank == 2 && t.shape[0] == R && t.shape[1] != K)
     return c.fail(arg, "width " + std::to_string(t.shape[1]) + " is not built; supported: K = 128 (heads x head dim)",
                   StatusCode::kUnsupported);
   TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"R = B I J", R}, {"K", K}}));
   TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, {DType::kBF16}, ref));
-  TPF_RETURN_IF_ERROR(dense ? c.contiguous(arg, t) : c.unit_last_stride(arg, t));
-  if (out && R > 1 && t.stride[0] < K)
-    return c.fail(arg, "is an output but its rows overlap (row stride " + std::to_string(t.stride[0]) +
-                           " < K = 128); outputs need distinct elements");
-  if (out) TPF_RETURN_IF_ERROR(c.writable(arg, t));
+  TPF_RETURN_IF_ERROR(c.unit_last_stride(arg, t));
   return c.aligned(arg, t, 16);
 }
 
@@ -87,8 +83,8 @@ Status validate_gated_linear(const GatedLinearParams& p, bool for_gpu) {
   if (residual) TPF_RETURN_IF_ERROR(check_pair(c, "out", p.out, &pair, {p.x.dtype}, ref, true));
   else TPF_RETURN_IF_ERROR(check_pair(c, "out", p.out, nullptr, {DType::kBF16}, ref, true));
   const int64_t R = pair.shape[0] * pair.shape[1] * pair.shape[2];
-  TPF_RETURN_IF_ERROR(check_rows(c, "g", p.g, R, ref, false, false));
-  TPF_RETURN_IF_ERROR(check_rows(c, "o", p.o, R, ref, false, false));
+  TPF_RETURN_IF_ERROR(check_rows(c, "g", p.g, R, ref));
+  TPF_RETURN_IF_ERROR(check_rows(c, "o", p.o, R, ref));
   TPF_RETURN_IF_ERROR(check_weight(c, p.w, ref));
   if (p.bias.present()) {
     TPF_RETURN_IF_ERROR(c.shape("bias", p.bias, {{"N", N}}));
@@ -100,21 +96,6 @@ Status validate_gated_linear(const GatedLinearParams& p, bool for_gpu) {
     TPF_RETURN_IF_ERROR(check_scale(c, p.scale, pair, ref));
   }
   return Status::Ok();
-}
-
-Status validate_gated_linear_backward(const GatedLinearBackwardParams& p, bool for_gpu) {
-  const Checker c{"gated_linear_backward"};
-  const bool ref = !for_gpu;
-  TPF_RETURN_IF_ERROR(check_pair(c, "dz", p.dz, nullptr, {DType::kFP32, DType::kBF16}, ref, false));
-  const int64_t R = p.dz.shape[0] * p.dz.shape[1] * p.dz.shape[2];
-  if (p.scale.present()) TPF_RETURN_IF_ERROR(check_scale(c, p.scale, p.dz, ref));
-  TPF_RETURN_IF_ERROR(check_rows(c, "g", p.g, R, ref, false, false));
-  TPF_RETURN_IF_ERROR(check_rows(c, "o", p.o, R, ref, false, false));
-  TPF_RETURN_IF_ERROR(check_weight(c, p.w, ref));
-  TPF_RETURN_IF_ERROR(check_pair(c, "du", p.du, &p.dz, {DType::kBF16}, ref, true));
-  TPF_RETURN_IF_ERROR(check_rows(c, "dg", p.dg, R, ref, true, false));
-  TPF_RETURN_IF_ERROR(check_rows(c, "d_o", p.d_o, R, ref, true, true));
-  return check_rows(c, "h", p.h, R, ref, true, true);
 }
 
 Status gated_linear_forward(const GatedLinearParams& p, cudaStream_t stream) {
@@ -129,31 +110,6 @@ Status gated_linear_forward(const GatedLinearParams& p, cudaStream_t stream) {
                          static_cast<const B*>(p.o.data), p.o.stride[0], static_cast<const B*>(p.w.data),
                          static_cast<const B*>(p.bias.data), p.x.data, scale_of(p.scale), p.out.data, p.out.dtype};
   return detail::cuda_status(kOp, gated::forward(a, stream));
-}
-
-Status gated_linear_backward(const GatedLinearBackwardParams& p, cudaStream_t stream) {
-  constexpr const char* kOp = "gated_linear_backward";
-  TPF_RETURN_IF_ERROR(validate_gated_linear_backward(p, true));
-  TPF_RETURN_IF_ERROR(detail::check_device_pointers(
-      kOp, stream, {{"dz", p.dz.data}, {"scale", p.scale.data}, {"g", p.g.data}, {"o", p.o.data}, {"w", p.w.data},
-                    {"du", p.du.data}, {"dg", p.dg.data}, {"d_o", p.d_o.data}, {"h", p.h.data}}));
-  TPF_RETURN_IF_ERROR(detail::require_sm90(kOp));
-  using B = __nv_bfloat16;
-  const gated::BwdArgs a{shape_of(p.dz),
-                         p.dz.data,
-                         p.dz.dtype,
-                         scale_of(p.scale),
-                         static_cast<const B*>(p.g.data),
-                         p.g.stride[0],
-                         static_cast<const B*>(p.o.data),
-                         p.o.stride[0],
-                         static_cast<const B*>(p.w.data),
-                         static_cast<B*>(p.du.data),
-                         static_cast<B*>(p.dg.data),
-                         p.dg.stride[0],
-                         static_cast<B*>(p.d_o.data),
-                         static_cast<B*>(p.h.data)};
-  return detail::cuda_status(kOp, gated::backward(a, stream));
 }
 
 }  // namespace tpf

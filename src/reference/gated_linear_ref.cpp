@@ -1,6 +1,5 @@
-// FP64 CPU reference of the fused gated output projection, forward and backward: the same
-// formulas with every intermediate in double (no bf16 rounding), for the tests' tolerances from
-// the bf16 floor.
+// FP64 CPU reference of the fused gated output projection: the same formula with every
+// intermediate in double (no bf16 rounding), for the tests' tolerances from the bf16 floor.
 #include <vector>
 
 #include "common/cuda_check.h"
@@ -37,31 +36,6 @@ Status gated_linear_forward(const GatedLinearParams& p) {
       if (p.x.present())
         y = load(p.x, pair_offset(p.x, r, n)) + (p.scale.present() ? load(p.scale, pair_offset(p.scale, r, n)) : 1.0) * y;
       store(p.out, pair_offset(p.out, r, n), y);
-    }
-  }
-  return Status::Ok();
-}
-
-Status gated_linear_backward(const GatedLinearBackwardParams& p) {
-  TPF_RETURN_IF_ERROR(validate_gated_linear_backward(p, false));
-  TPF_RETURN_IF_ERROR(detail::check_host_pointers(
-      "gated_linear_backward", {{"dz", p.dz.data}, {"scale", p.scale.data}, {"g", p.g.data}, {"o", p.o.data},
-                                {"w", p.w.data}, {"du", p.du.data}, {"dg", p.dg.data}, {"d_o", p.d_o.data},
-                                {"h", p.h.data}}));
-  const int64_t R = p.dz.shape[0] * p.dz.shape[1] * p.dz.shape[2], N = p.w.shape[0], K = p.w.shape[1];
-  std::vector<double> du(N);
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t n = 0; n < N; ++n) {
-      du[n] = load(p.dz, pair_offset(p.dz, r, n)) * (p.scale.present() ? load(p.scale, pair_offset(p.scale, r, n)) : 1.0);
-      store(p.du, pair_offset(p.du, r, n), du[n]);
-    }
-    for (int64_t k = 0; k < K; ++k) {
-      double dh = 0;
-      for (int64_t n = 0; n < N; ++n) dh += du[n] * load(p.w, n * K + k);
-      const double s = sigmoid(load(p.g, p.g.offset({r, k}))), o = load(p.o, p.o.offset({r, k}));
-      store(p.dg, p.dg.offset({r, k}), dh * o * s * (1.0 - s));
-      store(p.d_o, p.d_o.offset({r, k}), dh * s);
-      store(p.h, p.h.offset({r, k}), s * o);
     }
   }
   return Status::Ok();
