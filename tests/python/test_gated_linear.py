@@ -72,7 +72,7 @@ def test_forward_kernel_matches_fp64_and_the_unfused_path(x_dtype, scale_kind, s
     if scale_kind == "no residual":
         x = None
     full = (*shape, N)
-    assert _gated_linear.supported(g, o, w, x, scale, full)
+    assert _gated_linear.supported(g, o, w, x, scale, full) == (x is not None)
     _poison(4 * g.shape[0] * N)
     out = _gated_linear.forward(g, o, w, bias, x, scale, full)
     want = _fp64(g, o, w, bias, x, scale, shape)
