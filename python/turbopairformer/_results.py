@@ -17,3 +17,15 @@ def write_tables(
     )
     head = [f"# {title} ({gpu})", "", f"`{command}`", ""]
     (out_dir / f"{stem}.md").write_text("\n".join(head + list(lines)) + "\n")
+
+
+def doc_table(doc: str, header, rows) -> list:
+    """A results file's lines: a module docstring's body (after its first paragraph), then a
+    Markdown table of the header cells and each row's cells."""
+    return [
+        doc.split("\n\n", 1)[1].strip(),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+    ]

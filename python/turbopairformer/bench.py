@@ -16,6 +16,7 @@ bench/results/<gpu>/).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import re
@@ -944,22 +945,14 @@ def main(argv=None):
         write_floor_table(rows, out, gpu)
         print(f"written {out}/trimul_accuracy.md")
         return
-    if args.transition:
-        from . import bench_transition
-
-        out = _out_dir(args.out, gpu)
-        rows = bench_transition.table([int(n) for n in (args.n or "384,768,1024").split(",")])
-        bench_transition.write(rows, out, gpu, command)
-        print(f"written {out}/transition.md")
-        return
-    if args.gated_linear:
-        from . import bench_gated_linear
-
-        out = _out_dir(args.out, gpu)
-        rows = bench_gated_linear.table([int(n) for n in (args.n or "384,768,1024").split(",")])
-        bench_gated_linear.write(rows, out, gpu, command)
-        print(f"written {out}/gated_linear.md")
-        return
+    for flag in ("transition", "gated_linear"):  # one fused node against its unfused path
+        if getattr(args, flag):
+            node = importlib.import_module(f".bench_{flag}", __package__)
+            out = _out_dir(args.out, gpu)
+            rows = node.table([int(n) for n in (args.n or "384,768,1024").split(",")])
+            node.write(rows, out, gpu, command)
+            print(f"written {out}/{flag}.md")
+            return
     if args.attention_accuracy:
         from . import bench_accuracy
 

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from . import _gate, _gated_linear, _residual
-from ._results import write_tables
+from ._results import doc_table, write_tables
 from .bench_pairformer import _kernel_ms
 from .bench_transition import node_case
 
@@ -85,21 +85,23 @@ def table(Ns):
 
 
 def write(rows, out_dir: Path, gpu: str, command: str):
-    lines = [
-        __doc__.split("\n\n", 1)[1].strip(),
-        "",
-        "| N | layer fwd ms fused / unfused | layer fwd+bwd ms fused / unfused | projection with "
-        "residual ms: kernel (TB/s) / unfused | without residual ms: kernel / unfused |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        f, u = r["fused"], r["unfused"]
-        lines.append(
-            f"| {r['N']} | {f['fwd_ms']:.3f} / {u['fwd_ms']:.3f} | {f['fwd_bwd_ms']:.3f} / "
-            f"{u['fwd_bwd_ms']:.3f} | {r['kernel_residual_ms']:.3f} "
-            f"({r['kernel_residual_tbs']:.2f}) / {r['unfused_residual_ms']:.3f} | "
-            f"{r['kernel_plain_ms']:.3f} / {r['unfused_plain_ms']:.3f} |"
+    header = (
+        "N", "layer fwd ms fused / unfused", "layer fwd+bwd ms fused / unfused",
+        "projection with residual ms: kernel (TB/s) / unfused",
+        "without residual ms: kernel / unfused",
+    )  # fmt: skip
+    cells = [
+        (
+            str(r["N"]),
+            f"{r['fused']['fwd_ms']:.3f} / {r['unfused']['fwd_ms']:.3f}",
+            f"{r['fused']['fwd_bwd_ms']:.3f} / {r['unfused']['fwd_bwd_ms']:.3f}",
+            f"{r['kernel_residual_ms']:.3f} ({r['kernel_residual_tbs']:.2f}) / "
+            f"{r['unfused_residual_ms']:.3f}",
+            f"{r['kernel_plain_ms']:.3f} / {r['unfused_plain_ms']:.3f}",
         )
+        for r in rows
+    ]
+    lines = doc_table(__doc__, header, cells)
     write_tables(
         out_dir, "gated_linear", gpu, command, rows, "Fused gated output projection", lines
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from . import _transition
-from ._results import write_tables
+from ._results import doc_table, write_tables
 from .bench_pairformer import _median_ms
 
 
@@ -99,19 +99,23 @@ def table(Ns):
 
 
 def write(rows, out_dir: Path, gpu: str, command: str):
-    lines = [
-        __doc__.split("\n\n", 1)[1].strip(),
-        "",
-        "| N | fused fwd ms | unfused fwd ms | fused fwd+bwd ms | unfused fwd+bwd ms | fused / unfused "
-        "peak GiB | forward kernel ms (TFLOP/s) | backward-middle kernel ms (TFLOP/s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        f, u = r["fused"], r["unfused"]
-        lines.append(
-            f"| {r['N']} | {f['fwd_ms']:.3f} | {u['fwd_ms']:.3f} | {f['fwd_bwd_ms']:.3f} | "
-            f"{u['fwd_bwd_ms']:.3f} | {f['peak_gib']:.2f} / {u['peak_gib']:.2f} | "
-            f"{r['kernel_fwd_ms']:.3f} ({r['kernel_fwd_tflops']:.0f}) | "
-            f"{r['kernel_bwd_ms']:.3f} ({r['kernel_bwd_tflops']:.0f}) |"
+    header = (
+        "N", "fused fwd ms", "unfused fwd ms", "fused fwd+bwd ms", "unfused fwd+bwd ms",
+        "fused / unfused peak GiB", "forward kernel ms (TFLOP/s)",
+        "backward-middle kernel ms (TFLOP/s)",
+    )  # fmt: skip
+    cells = [
+        (
+            str(r["N"]),
+            f"{r['fused']['fwd_ms']:.3f}",
+            f"{r['unfused']['fwd_ms']:.3f}",
+            f"{r['fused']['fwd_bwd_ms']:.3f}",
+            f"{r['unfused']['fwd_bwd_ms']:.3f}",
+            f"{r['fused']['peak_gib']:.2f} / {r['unfused']['peak_gib']:.2f}",
+            f"{r['kernel_fwd_ms']:.3f} ({r['kernel_fwd_tflops']:.0f})",
+            f"{r['kernel_bwd_ms']:.3f} ({r['kernel_bwd_tflops']:.0f})",
         )
+        for r in rows
+    ]
+    lines = doc_table(__doc__, header, cells)
     write_tables(out_dir, "transition", gpu, command, rows, "Fused pair transition", lines)
