@@ -15,6 +15,7 @@ from torch import nn
 
 from .attention import NATIVE_HEAD_DIMS, triangle_attention
 from .layers import (
+    STACK_PAD,
     _bias_order,
     _slice_order,
     gated_linear,
@@ -115,7 +116,8 @@ class TriangleAttention(nn.Module):
             )
             return out.reshape(*lead, I, J, self.c_in)
         # q, k, v, g: [B, I, J, H, c], zb: [B, I, J, H], views of one [B, I, J, P]
-        q, k, v, g, zb = norm_linear(x, self.layer_norm, layers, 8, [(H, c)] * 4 + [None])
+        splits = [(H, c)] * 4 + [None]
+        q, k, v, g, zb = norm_linear(x, self.layer_norm, layers, STACK_PAD, splits)
         # Slice s, key n of the attention: (s, n) = (i, j) at the starting node, (j, i) at the
         # ending node. [B, I, J, H, c] -> [B, S, H, N, c] views.
         order, back = _slice_order(starting)
