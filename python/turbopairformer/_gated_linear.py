@@ -5,20 +5,12 @@ the unfused path (layers._TriangleAttentionLayer), and the backward is always th
 
 from __future__ import annotations
 
-import functools
-from typing import Optional
-
 import torch
 
-from . import _calls, _native
+from . import _calls, _native, _residual
+from ._transition import _sm90
 
 K = N = 128
-
-
-@torch.compiler.assume_constant_result
-@functools.cache
-def _sm90(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
 
 
 def _rows_ok(t: torch.Tensor) -> bool:
@@ -30,20 +22,6 @@ def _rows_ok(t: torch.Tensor) -> bool:
         and t.stride(0) % 8 == 0
         and t.data_ptr() % 16 == 0
     )
-
-
-def _scale_ok(scale: Optional[torch.Tensor], shape) -> bool:
-    if scale is None:
-        return True
-    if scale.dtype != torch.bfloat16:
-        return False
-    try:
-        s = scale.expand(shape)
-    except RuntimeError:
-        return False
-    if s.stride(-1) == 0:
-        return True
-    return s.stride(-1) == 1 and s.data_ptr() % 16 == 0 and all(x % 8 == 0 for x in s.stride()[:-1])
 
 
 def supported(g, o, w, x, scale, shape) -> bool:
@@ -64,7 +42,7 @@ def supported(g, o, w, x, scale, shape) -> bool:
         and x.dtype in (torch.float32, torch.bfloat16)
         and x.is_contiguous()
         and x.data_ptr() % 16 == 0
-        and _scale_ok(scale, shape)
+        and (scale is None or _residual._scale_ok(scale, x, torch.bfloat16))
         and _sm90(g.device.index if g.device.index is not None else torch.cuda.current_device())
     )
 

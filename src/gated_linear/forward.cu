@@ -5,9 +5,9 @@
 //   y = h W^T + bias               m64n128k16 x 8, W resident in shared memory
 //   out = x + scale y   or   y     from the accumulators' positions
 // Every operand comes from global memory straight into this thread's fragment positions, with
-// nothing staged in shared memory: at N = 768 that ran faster (0.327 ms) than staging g and o by
-// cp.async and the pair side in row passes at two blocks a multiprocessor (0.370 ms;
-// docs/perf-notes.md). Per row it reads g, o and x and writes out, 1.5 KB with fp32 x: at
+// nothing staged in shared memory: that keeps four blocks a multiprocessor, which measured
+// faster than staging g and o by cp.async and the pair side in row passes at two
+// (docs/perf-notes.md, 2026-12-04). Per row it reads g, o and x and writes out, 1.5 KB with fp32 x: at
 // N = 768 (589,824 rows) 0.91 GB, 0.19 ms at 4.8 TB/s; the product, 19 GFLOP, is far under it.
 //
 // Fragment positions (warp w, g = lane / 4, t = lane % 4), rows row0 = 16 w + g and row0 + 8:
