@@ -251,9 +251,10 @@ def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
     return _LayerNorm.apply(x, norm.weight, norm.bias, norm.eps)
 
 
-# The attention layers' stacked projection width is padded to a multiple of this: at 4 x 32
-# heads, cuBLAS runs the [R, 128] x [128, P] forward in 0.21 ms at P = 544 against 0.35 ms at
-# the 8-aligned 520 (N = 768, H200; docs/perf-notes.md), for 4.6% more bytes.
+# The attention layers' stacked projection width is padded to a multiple of this. At 4 x 32
+# heads that is 544 columns instead of the 8-aligned 520: rows of 1088 bytes, 64-byte aligned
+# for the attention kernels' q, k, v reads, and tiles cuBLAS runs faster, for 4.6% more bytes
+# (docs/perf-notes.md, 2026-12-04: the layer's forward + backward 6% faster at N = 768).
 STACK_PAD = 32
 
 
