@@ -12,7 +12,8 @@ import torch
 from . import _calls, _native
 
 
-def _rows_ok(t: torch.Tensor) -> bool:
+def rows_ok(t: torch.Tensor) -> bool:
+    """[R, W] with a unit last stride and 16-byte aligned rows: what the kernels read directly."""
     e = t.element_size()
     return (
         t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * e) % 16 == 0 and t.data_ptr() % 16 == 0
@@ -27,7 +28,7 @@ def _on_kernel(*ts: torch.Tensor) -> bool:
         and g.shape[0] > 0
         and g.shape[1] > 0
         and g.shape[1] % 8 == 0
-        and all(t.dtype == g.dtype and _rows_ok(t) for t in ts)
+        and all(t.dtype == g.dtype and rows_ok(t) for t in ts)
     )
 
 

@@ -7,21 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from . import _calls, _native, _residual
+from . import _calls, _gate, _native, _residual
 from ._transition import _sm90
 
 K = N = 128
 
 
 def _rows_ok(t: torch.Tensor) -> bool:
-    return (
-        t.dtype == torch.bfloat16
-        and t.dim() == 2
-        and t.shape[1] == K
-        and t.stride(1) == 1
-        and t.stride(0) % 8 == 0
-        and t.data_ptr() % 16 == 0
-    )
+    return t.dtype == torch.bfloat16 and _gate.rows_ok(t) and t.shape[1] == K
 
 
 def supported(g, o, w, x, scale, shape) -> bool:

@@ -13,10 +13,10 @@ namespace {
 using detail::load;
 using detail::store;
 
-// Element (row r, channel n) of a [B, I, J, N] tensor through its strides.
+// Element (row r = (b I + i) J + j, channel n) of a [B, I, J, N] tensor.
 int64_t pair_offset(const TensorView& t, int64_t r, int64_t n) {
   const int64_t J = t.shape[2], I = t.shape[1];
-  return (r / (I * J)) * t.stride[0] + ((r / J) % I) * t.stride[1] + (r % J) * t.stride[2] + n * t.stride[3];
+  return t.offset({r / (I * J), (r / J) % I, r % J, n});
 }
 
 }  // namespace
