@@ -23,6 +23,7 @@
 #include "common/kernel_attrs.h"
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
+#include "attention/backward_parts.cuh"
 #include "attention/dispatch.cuh"
 #include "attention/kernels.h"
 #include "attention/tile_config.h"
@@ -298,55 +299,57 @@ __device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, i
   }
 }
 
-// Math warps: quad `quad` computes slice sg * G + quad of every step: P^T recomputed once from
-// the forward's LSE, dV += P^T dO and dK += dS^T Q in registers, dS^T out to shared memory for
-// the helper (fp32, dbias) and for this quad's dQ part = dS K (16-bit, then fp32 into sDq).
+// Everything step gs reads, into stage gs & 1: Q, dO, LSE, Dlt of the quad's slice, the bias
+// tile, and on a group's first step its K and V (double-buffered by group). Issued a step ahead
+// by the math warps themselves: a ~10-instruction burst per thread, where one loader warp took
+// ~5000 cycles a step to issue them (perf-notes v12).
+template <class T, class BiasT, int D, int C, class QCopier, class KvCopier, class BCopier>
+__device__ __forceinline__ void issue_step_loads(const BwdBlock<T, BiasT, D, C>& k, int gs, int quad, int qtid,
+                                                 int tid, const QCopier& q_copier, const KvCopier& kv_copier,
+                                                 const BCopier& bias_copier, const BiasT* gBias) {
+  using B = BwdBlock<T, BiasT, D, C>;
+  constexpr int G = B::G, BQ = B::BQ;
+  const BwdArgs& a = k.a;
+  const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
+  const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
+  q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
+  q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
+  if (qi == 0) {
+    kv_copier.copy(k.k_tile(sg, quad), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
+    kv_copier.copy(k.v_tile(sg, quad), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);
+  }
+  if (qtid < BQ) {  // LSE (log2 units) and Dlt; zero past N, harmless since dO is zero there
+    const int64_t row = ((static_cast<int64_t>(k.b) * k.S + s) * k.H + k.h) * k.N + q0 + qtid;
+    const bool ok = q0 + qtid < rows;
+    dev::cp_async_4(k.sLse + (st * G + quad) * BQ + qtid, a.lse_log2 + row, ok);
+    dev::cp_async_4(k.sDlt + (st * G + quad) * BQ + qtid, a.delta + row, ok);
+  }
+  bias_copier.copy(k.sBias + st * BwdSmem<BiasT, D, C>::kBiasBytes, a.bias, gBias, q0, k.k0, k.N, tid);
+}
+
+// Math warps: quad `quad` computes slice sg * G + quad of every step from the parts in
+// backward_parts.cuh: P^T recomputed once from the forward's LSE, dV += P^T dO and dK += dS^T Q
+// in registers, dS^T out to shared memory for the helper (fp32, dbias) and for this quad's dQ
+// part = dS K (16-bit, then fp32 into sDq).
 template <class T, class BiasT, int D, int C>
 __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int tid) {
   using B = BwdBlock<T, BiasT, D, C>;
   using L = BwdSmem<BiasT, D, C>;
-  using Mma = dev::MmaOp<T>;
-  constexpr int G = B::G, BK = B::BK, BQ = B::BQ;
-  constexpr int QT = BQ / 8, DT = D / 8, KS = D / 16, FS = L::kFStride;
-  constexpr int kDqUnits = (BQ / 16) * (D / 16) / 4;  // 16x16 blocks of dQ per warp (0 at D=16)
-  constexpr int kDqUnitsPerWarp = kDqUnits > 0 ? kDqUnits : 1;
-  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int G = B::G, BK = B::BK, BQ = B::BQ, QT = BQ / 8, DT = D / 8;
+  constexpr int kDqStages = BwdConfig<D>::kDqStages;
   constexpr bool kWg = BwdConfig<D>::kWgmma;  // wgmma for S^T, dP^T, dV, dK (tile_config.h)
   static_assert(!kWg || (D == 32 && BQ == 64 && BK == 64), "the wgmma shapes: 64 x 64 x 32 steps");
   const BwdArgs& a = k.a;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int quad = warp / 4, wq = warp % 4;
-  // This warp's 16 keys: thread rows krow[0] = g, krow[1] = g + 8 of the warp's block.
-  const int krow[2] = {wq * 16 + g, wq * 16 + g + 8};
-  T* qdS = k.sdS + quad * BK * BQ;
-  float* qdSf = k.sdSf + quad * BK * FS;
-  const int qtid = tid % 128;
+  const int quad = warp / 4, wq = warp % 4, qtid = tid % 128;
+  const int krow[2] = {wq * 16 + g, wq * 16 + g + 8};  // this thread's keys in the block's tile
+  T* qdS = k.sdS + quad * BK * BQ;                      // [BK][BQ] this quad's dS^T, 16-bit
+  float* qdSf = k.sdSf + quad * BK * L::kFStride;       // [BK][BQ + 8] fp32
   const BiasT* gBias = static_cast<const BiasT*>(a.bias.ptr) + k.b * a.bias.sb + k.h * a.bias.sh;
   const TileCopier<D, BQ, 128> q_copier(qtid);  // a quad copies its own slice's tiles
   const TileCopier<D, BK, 128> kv_copier(qtid);
   const BiasCopier<BiasT, BQ, BK, B::kMath> bias_copier(tid);
-  // Everything step gs reads, into stage gs & 1: Q, dO, LSE, Dlt of each quad's slice, the bias
-  // tile, and on a group's first step its K and V (double-buffered by group). Issued a step
-  // ahead by the math warps themselves: a ~10-instruction burst per thread, where one loader
-  // warp took ~5000 cycles a step to issue them (perf-notes v12).
-  auto load_step = [&](int gs) {
-    const int sg = k.group_of(gs), qi = k.query_tile_of(gs), st = gs & 1, q0 = qi * BQ;
-    const int s = k.slice_of(sg, quad), rows = k.rows_of(sg, quad);
-    q_copier.copy(k.sQ + (st * G + quad) * BQ * D, slice_ptr<T>(a.q, k.b, s, k.h), a.q.sn, q0, rows);
-    q_copier.copy(k.sdO + (st * G + quad) * BQ * D, slice_ptr<T>(a.dout, k.b, s, k.h), a.dout.sn, q0, rows);
-    if (qi == 0) {
-      kv_copier.copy(k.k_tile(sg, quad), slice_ptr<T>(a.k, k.b, s, k.h), a.k.sn, k.k0, rows);
-      kv_copier.copy(k.v_tile(sg, quad), slice_ptr<T>(a.v, k.b, s, k.h), a.v.sn, k.k0, rows);
-    }
-    if (qtid < BQ) {  // LSE (log2 units) and Dlt; zero past N, harmless since dO is zero there
-      const int64_t row = ((static_cast<int64_t>(k.b) * k.S + s) * k.H + k.h) * k.N + q0 + qtid;
-      const bool ok = q0 + qtid < rows;
-      dev::cp_async_4(k.sLse + (st * G + quad) * BQ + qtid, a.lse_log2 + row, ok);
-      dev::cp_async_4(k.sDlt + (st * G + quad) * BQ + qtid, a.delta + row, ok);
-    }
-    bias_copier.copy(k.sBias + st * L::kBiasBytes, a.bias, gBias, q0, k.k0, k.N, tid);
-  };
-  load_step(0);
+  issue_step_loads(k, 0, quad, qtid, tid, q_copier, kv_copier, bias_copier, gBias);
   dev::cp_async_commit();
 
   // The key mask of a group's rows, fetched one group ahead.
@@ -372,234 +375,55 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
     }
-    const T* qK = k.k_tile(sg, quad);
-    const T* qV = k.v_tile(sg, quad);
-    const T* tQ = k.sQ + (st * G + quad) * BQ * D;
-    const T* tdO = k.sdO + (st * G + quad) * BQ * D;
-    const float* tLse = k.sLse + (st * G + quad) * BQ;
-    const float* tDlt = k.sDlt + (st * G + quad) * BQ;
-    const uint8_t* tBias = k.sBias + st * L::kBiasBytes;
+    const StepTiles<T> tiles{k.k_tile(sg, quad),
+                             k.v_tile(sg, quad),
+                             k.sQ + (st * G + quad) * BQ * D,
+                             k.sdO + (st * G + quad) * BQ * D,
+                             k.sLse + (st * G + quad) * BQ,
+                             k.sDlt + (st * G + quad) * BQ,
+                             k.sBias + st * L::kBiasBytes};
     dev::cp_async_wait<0>();
     if constexpr (kWg) dev::fence_proxy_async();  // this thread's copies, visible to wgmma
     dev::bar_sync(kBarTiles, B::kMath);  // this step's tiles have landed; stage st ^ 1 is free
-    if (gs + 1 < k.steps) load_step(gs + 1);
+    if (gs + 1 < k.steps) issue_step_loads(k, gs + 1, quad, qtid, tid, q_copier, kv_copier, bias_copier, gBias);
     dev::cp_async_commit();
 
-    // wgmma operands (64-byte-swizzled tiles of D = 32 elements a row): K, V, Q, dO K-major for
-    // S^T and dP^T (a k16 step: + 2 in the descriptor), Q, dO MN-major for dV, dK (+ 64).
-    [[maybe_unused]] const uint64_t descK = dev::wgmma_desc_rows32(dev::smem_addr(qK));
-    [[maybe_unused]] const uint64_t descV = dev::wgmma_desc_rows32(dev::smem_addr(qV));
-    [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc_rows32(dev::smem_addr(tQ));
-    [[maybe_unused]] const uint64_t descO = dev::wgmma_desc_rows32(dev::smem_addr(tdO));
-    [[maybe_unused]] float(&dk_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dk);  // wgmma's view
-    [[maybe_unused]] float(&dv_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(dv);
-
-    // S^T = K Q^T and dP^T = V dO^T: 16 keys x BQ queries per warp (wgmma: the quad's 64 keys).
-    float sT[QT][4], dpT[QT][4];
-    if constexpr (kWg) {
-      float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(sT);
-      float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dpT);
-      dev::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        dev::WgmmaSS<T, BQ, 0, 0>::run(s_flat, descK + 2 * ks, descQ + 2 * ks, ks > 0);
-        dev::WgmmaSS<T, BQ, 0, 0>::run(dp_flat, descV + 2 * ks, descO + 2 * ks, ks > 0);
-      }
-      dev::wgmma_commit();
-      dev::wgmma_wait<0>();
-      dev::wgmma_fence_operands(s_flat);
-      dev::wgmma_fence_operands(dp_flat);
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < QT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sT[nt][e] = dpT[nt][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t ka[4], va[4];
-        dev::ldmatrix_x4(ka, tile_at<D>(qK, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                        ks * 2 + (lane >> 4)));
-        dev::ldmatrix_x4(va, tile_at<D>(qV, wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                        ks * 2 + (lane >> 4)));
-#pragma unroll
-        for (int np = 0; np < QT / 2; ++np) {
-          uint32_t qb[4], ob[4];
-          const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-          dev::ldmatrix_x4(qb, tile_at<D>(tQ, r, c));
-          dev::ldmatrix_x4(ob, tile_at<D>(tdO, r, c));
-          dev::mma_n16<T>(sT[2 * np], sT[2 * np + 1], ka, qb);
-          dev::mma_n16<T>(dpT[2 * np], dpT[2 * np + 1], va, ob);
-        }
-      }
-    }
-
-    // P^T = exp(S^T * scale + bias - LSE); dS^T = P^T (dP^T - Dlt).
-    // 16-bit bias by ldmatrix.x4.trans: S^T pairs of n-tiles nt, nt + 1 (loaded at even nt).
-    // Not at D = 128, whose registers are all taken (the extra four spill).
-    constexpr bool kBiasX4 = sizeof(BiasT) == 2 && D <= 64;
-    uint32_t bp[4];
-#pragma unroll
-    for (int nt = 0; nt < QT; ++nt) {
-      if constexpr (kBiasX4) {
-        using X4 = BiasX4Trans<BiasT, BQ, BK>;
-        if (nt % 2 == 0) X4::load(bp, dev::smem_addr(tBias) + X4::offset(wq * 16, lane) + nt * 8 * X4::kColStep);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, q = nt * 8 + 2 * t + (e & 1);
-        float bias;
-        if constexpr (kBiasX4) {
-          const float2 pair = dev::pair_to_float2<BiasT>(bp[2 * (nt % 2) + r]);
-          bias = e & 1 ? pair.y : pair.x;
-        } else {
-          bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
-        }
-        const float x = fmaf(fmaf(sT[nt][e], a.scale, bias), kLog2e, -tLse[q]);
-        const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
-        sT[nt][e] = p;
-        dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
-      }
-    }
-
-    // dV += P^T dO and dK += dS^T Q (16-bit P^T, dS^T as A operands, straight from registers).
-    // wgmma: issued here, run while the dS^T tiles are stored, waited for after the dQ part.
-    if constexpr (kWg) {
-      uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // unchanged until the wait
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        dev::acc_to_a<T>(pa[kk], sT[2 * kk], sT[2 * kk + 1]);
-        dev::acc_to_a<T>(sa[kk], dpT[2 * kk], dpT[2 * kk + 1]);
-      }
-      dev::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        dev::WgmmaN32RS<T, 1>::run(dv_flat, pa[kk], descO + 64 * kk, 1);
-        dev::WgmmaN32RS<T, 1>::run(dk_flat, sa[kk], descQ + 64 * kk, 1);
-      }
-      dev::wgmma_commit();
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        uint32_t pa[4], sa[4];
-        dev::acc_to_a<T>(pa, sT[2 * kk], sT[2 * kk + 1]);
-        dev::acc_to_a<T>(sa, dpT[2 * kk], dpT[2 * kk + 1]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t ob[4], qb[4];
-          const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = dp * 2 + (lane >> 4);
-          dev::ldmatrix_x4_trans(ob, tile_at<D>(tdO, r, c));
-          dev::ldmatrix_x4_trans(qb, tile_at<D>(tQ, r, c));
-          dev::mma_n16<T>(dv[2 * dp], dv[2 * dp + 1], pa, ob);
-          dev::mma_n16<T>(dk[2 * dp], dk[2 * dp + 1], sa, qb);
-        }
-      }
-    }
+    // wgmma operands: the 64-byte-swizzled tiles of D = 32 elements a row.
+    [[maybe_unused]] const uint64_t descK = dev::wgmma_desc_rows32(dev::smem_addr(tiles.K));
+    [[maybe_unused]] const uint64_t descV = dev::wgmma_desc_rows32(dev::smem_addr(tiles.V));
+    [[maybe_unused]] const uint64_t descQ = dev::wgmma_desc_rows32(dev::smem_addr(tiles.Q));
+    [[maybe_unused]] const uint64_t descO = dev::wgmma_desc_rows32(dev::smem_addr(tiles.dO));
+    float sT[QT][4], dpT[QT][4];  // S^T then P^T; dP^T then dS^T
+    score_products<T, D, BQ, kWg>(sT, dpT, tiles, descK, descV, descQ, descO, wq, lane);
+    probabilities<BiasT, D, BQ, BK>(sT, dpT, tiles.bias, tiles.lse, tiles.dlt, attend, krow, a.scale, wq, lane);
+    gradient_products<T, D, BQ, kWg>(dk, dv, sT, dpT, tiles, descQ, descO, lane);
 
     // dS^T to shared memory: fp32 for the helper's dbias sum (once it has read the last step's),
     // 16-bit for this quad's dQ = dS K.
     if (k.part) {
       if (gs > 0) dev::bar_sync(kBarDsFree, B::kWith);
-#pragma unroll
-      for (int nt = 0; nt < QT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(qdSf + krow[r] * FS + nt * 8 + 2 * t) =
-              make_float2(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
+      store_ds_f32<BQ, L::kFStride>(qdSf, dpT, krow, t);
       dev::bar_arrive(kBarDoneB, B::kWith);
     }
-#pragma unroll
-    for (int nt = 0; nt < QT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(tile_at<BQ>(qdS, krow[r], nt) + 2 * t) =
-            Mma::pack(dpT[nt][2 * r], dpT[nt][2 * r + 1]);
+    store_ds_16<T, BQ>(qdS, dpT, krow, t);
     dev::bar_sync(kBarQuad + quad, 128);  // the quad's dS^T tile is complete
 
-    // dQ part of this key tile: dS (BQ x BK) K (BK x D), in 16 x 16 units per warp, to sDq[dst]
-    // once the dQ warps have added what it held kDqStages steps ago.
-    constexpr int kDqStages = BwdConfig<D>::kDqStages;
+    // The dQ part into sDq[dst], once the dQ warps have added what it held kDqStages steps ago.
     const int dst = gs % kDqStages;
     if (gs >= kDqStages) dev::bar_sync(kBarDqFree + dst, B::kWith1);
-    constexpr int DP = L::kDqPitch;
-    float* tDq = k.sDq + (dst * G + quad) * BQ * DP;  // [BQ][DP]
-    const bool dq_warp = kDqUnits > 0 || wq < (BQ / 16) * (D / 16);
-    if constexpr (kDqUnitsPerWarp >= 4) {
-      // D = 128: a warp's four units (wq + 4u) share their 16 query rows, so one dS fragment a k16
-      // step serves all four: fwd+bwd -8.6 / -9.7% at N = 384 / 768. With two units a warp (D = 32,
-      // 64) the unit-by-unit loop below, reloading it, measured faster (D = 32: 6.27 vs 6.52 ms;
-      // perf-notes v16).
-      constexpr int U = kDqUnitsPerWarp;
-      static_assert(BQ / 16 == 2, "four units a warp: unit % (BQ / 16) == wq % 2");
-      const int qg = wq % 2;
-      float dq[U][2][4] = {};  // [unit][n8 half][fragment]: 16 queries x 16 d a unit
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        uint32_t sa[4];
-        dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                               qg * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          uint32_t kb4[4];
-          dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                 (wq + 4 * u) / 2 * 2 + (lane >> 4)));
-          dev::mma_n16<T>(dq[u][0], dq[u][1], sa, kb4);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + (wq + 4 * u) / 2 * 16 + n * 8 + 2 * t) =
-                make_float2(dq[u][n][2 * r], dq[u][n][2 * r + 1]);
-    } else if (dq_warp) {
-#pragma unroll
-      for (int u = 0; u < kDqUnitsPerWarp; ++u) {
-        const int unit = wq + 4 * u, qg = unit % (BQ / 16), dg = unit / (BQ / 16);
-        float dq[2][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          uint32_t sa[4], kb4[4];
-          dev::ldmatrix_x4_trans(sa, tile_at<BQ>(qdS, kk * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                 qg * 2 + ((lane >> 3) & 1)));
-          dev::ldmatrix_x4_trans(kb4, tile_at<D>(qK, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                 dg * 2 + (lane >> 4)));
-          dev::mma_n16<T>(dq[0], dq[1], sa, kb4);
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(tDq + (qg * 16 + g + 8 * r) * DP + dg * 16 + n * 8 + 2 * t) =
-                make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
-      }
-    }
+    dq_part<T, D, BQ, BK, L::kDqPitch>(k.sDq + (dst * G + quad) * BQ * L::kDqPitch, qdS, tiles.K, wq, lane);
     if constexpr (kWg) {
       dev::wgmma_wait<0>();  // dV, dK: their operands' stage is reloaded after the next barrier
-      dev::wgmma_fence_operands(dk_flat);
-      dev::wgmma_fence_operands(dv_flat);
+      dev::wgmma_fence_operands(reinterpret_cast<float(&)[DT * 4]>(dk));
+      dev::wgmma_fence_operands(reinterpret_cast<float(&)[DT * 4]>(dv));
     }
     dev::bar_arrive(kBarDoneQ + dst, B::kWith1);  // sDq[dst] handed over
 
-    // A group's last step: dK = scale * dS^T Q and dV are complete for this slice.
+    // A group's last step: dK and dV are complete for this slice.
     const int s = sg * G + quad;
-    if (qi == k.nq - 1 && s < k.S) {
-      T* gdK = slice_ptr_mut<T>(a.dk, k.b, s, k.h);
-      T* gdV = slice_ptr_mut<T>(a.dv, k.b, s, k.h);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int key = k.k0 + krow[r];
-        if (key >= k.N) continue;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          const int d = dt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(gdK + key * a.dk.sn + d) =
-              Mma::pack(dk[dt][2 * r] * a.scale, dk[dt][2 * r + 1] * a.scale);
-          *reinterpret_cast<uint32_t*>(gdV + key * a.dv.sn + d) = Mma::pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
-        }
-      }
-    }
+    if (qi == k.nq - 1 && s < k.S)
+      store_dk_dv<T, D>(slice_ptr_mut<T>(a.dk, k.b, s, k.h), a.dk.sn, slice_ptr_mut<T>(a.dv, k.b, s, k.h),
+                        a.dv.sn, dk, dv, a.scale, k.k0, k.N, krow, t);
   }
 }
 
