@@ -1,15 +1,9 @@
 #include "attention/tma_maps.h"
 
-#include <cstdlib>
-#include <cstring>
 
 namespace tpf::attn {
 namespace {
 
-bool disabled() {
-  const char* env = std::getenv("TPF_ATTN_TMA");
-  return env != nullptr && std::strcmp(env, "0") == 0;
-}
 // A dimension of size 1 is never stepped: any valid stride will do for it.
 uint64_t stride_bytes(int64_t dim, int64_t elems, int elem_bytes) {
   return dim == 1 ? uint64_t{16} : static_cast<uint64_t>(elems) * elem_bytes;
@@ -21,7 +15,7 @@ CUtensorMapDataType type16(bool fp16) { return fp16 ? CU_TENSOR_MAP_DATA_TYPE_FL
 bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows) {
   // Rows of 32, 64 or 128 bytes: the swizzle of common/swizzle.cuh's tiles (chunk ^ f(row)) is
   // the hardware's 32-, 64- or 128-byte one. (Rows of 256 bytes would take two boxes.)
-  if (disabled() || (D != 16 && D != 32 && D != 64)) return false;
+  if ((D != 16 && D != 32 && D != 64)) return false;
   detail::TmaTile t;
   t.rank = 5;
   const int64_t dims[5] = {D, d.N, d.H, d.S, d.B};
@@ -37,7 +31,7 @@ bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool
 }
 
 bool tma_bias_tiles(CUtensorMap* map, const BiasRef& bias, const Dims& d, bool fp16, int rows) {
-  if (disabled() || !bias.vec16 || bias.sk != 1) return false;
+  if (!bias.vec16 || bias.sk != 1) return false;
   const int elem_bytes = bias.fp32 ? 4 : 2;
   detail::TmaTile t;
   t.rank = 4;

@@ -1,7 +1,6 @@
 // TMA tensor maps over the attention tensors (host side), for the D = 16, 32 and 64 forwards,
 // which load their tiles by TMA. Each returns false where the tensor's strides or alignment rule
-// TMA out (the kernel then loads with cp.async) or TPF_ATTN_TMA=0 asks for cp.async (A/B runs,
-// tests).
+// TMA out (the kernel then loads with cp.async).
 #pragma once
 #include "attention/kernel_args.h"
 #include "common/tma.h"
