@@ -30,10 +30,9 @@ and dtypes: it writes its output straight in the GEMM's dtype and takes the grad
 neither direction has a cast pass, and its weight gradients are bitwise repeatable.
 
 These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
-its own kernels and whose saved set its partitioner chooses (with the nodes, a checkpointed
-4-block stack held 16.2 GiB at N = 768 against 11.0, for no time gained: docs/perf-history.md,
-"The Pairformer modules' PyTorch glue"; the fused transition's custom op, 27.8 GiB:
-docs/perf-notes.md).
+its own kernels and whose saved set its partitioner chooses: the nodes inside a compiled block,
+as graph breaks or (the transition) as its custom op, measured no steadier gain at N = 768 and
+a loss at N = 384 (docs/perf-notes.md, 2026-12-04, fifth session).
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds (except that the gate and SwiGLU
@@ -224,8 +223,8 @@ def swiglu_transition(
     backward adds x's pass-through gradient in the LayerNorm backward's pass. In eager mode,
     where the fused kernels apply (c = 128, bf16 compute, sm_90), the node is their custom op;
     elsewhere the unfused node. Under torch.compile the plain ops, which inductor fuses and
-    checkpointing recomputes: the custom op in checkpointed blocks raised the compiled stack's
-    peak memory (docs/perf-notes.md, the fused transition)."""
+    checkpointing recomputes: the custom op there measured slower at N = 384 and in the
+    checkpointed stack (docs/perf-notes.md, 2026-12-04, fifth session)."""
     cd = _compute_dtype(x)
     if torch.compiler.is_compiling():
         y = norm(x)
