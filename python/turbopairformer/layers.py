@@ -31,8 +31,8 @@ neither direction has a cast pass, and its weight gradients are bitwise repeatab
 
 These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
 its own kernels and whose saved set its partitioner chooses: the nodes inside a compiled block,
-as graph breaks or (the transition) as its custom op, measured no steadier gain at N = 768 and
-a loss at N = 384 (docs/perf-notes.md, 2026-12-04, fifth session).
+as graph breaks or (the transition) as its custom op, gained nothing that held across machines
+at N = 768 and lost at N = 384 (docs/perf-notes.md, 2026-12-04, fifth session).
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds (except that the gate and SwiGLU
