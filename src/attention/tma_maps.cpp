@@ -1,6 +1,5 @@
 #include "attention/tma_maps.h"
 
-
 namespace tpf::attn {
 namespace {
 
@@ -15,7 +14,7 @@ CUtensorMapDataType type16(bool fp16) { return fp16 ? CU_TENSOR_MAP_DATA_TYPE_FL
 bool tma_slice_rows(CUtensorMap* map, const Bshnd& x, const Dims& d, int D, bool fp16, int rows) {
   // Rows of 32, 64 or 128 bytes: the swizzle of common/swizzle.cuh's tiles (chunk ^ f(row)) is
   // the hardware's 32-, 64- or 128-byte one. (Rows of 256 bytes would take two boxes.)
-  if ((D != 16 && D != 32 && D != 64)) return false;
+  if (D != 16 && D != 32 && D != 64) return false;
   detail::TmaTile t;
   t.rank = 5;
   const int64_t dims[5] = {D, d.N, d.H, d.S, d.B};
