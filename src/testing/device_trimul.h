@@ -70,28 +70,37 @@ struct DeviceTrimul {
     TrimulBackwardParams b = bwd;
     b.fwd.saved = &f;
     check(trimul_backward_workspace_size(b, &bwd_saved_bytes));
-    fwd_ws = DeviceBuffer(std::max(fwd_bytes, fwd_saving_bytes));
-    bwd_ws = DeviceBuffer(std::max(bwd_bytes, bwd_saved_bytes));
   }
 
   // Inference forward (keeps nothing).
-  void forward() { check(trimul_forward(fwd, fwd_ws.get(), fwd_bytes, nullptr)); }
+  void forward() { check(trimul_forward(fwd, workspace(fwd_ws, fwd_bytes), fwd_bytes, nullptr)); }
   // Training pair: the forward writes the saved set (allocated on first use), the backward
   // reads it.
   void forward_saving() {
     if (!saved.get()) saved = DeviceBuffer(saved_bytes);
     TrimulForwardParams f = fwd;
     f.saved = saved.get(), f.saved_bytes = saved_bytes;
-    check(trimul_forward(f, fwd_ws.get(), fwd_saving_bytes, nullptr));
+    check(trimul_forward(f, workspace(fwd_ws, fwd_saving_bytes), fwd_saving_bytes, nullptr));
   }
   void backward() {
     if (!saved.get()) throw std::runtime_error("DeviceTrimul::backward: call forward_saving() first");
     TrimulBackwardParams b = bwd;
     b.fwd.saved = saved.get(), b.fwd.saved_bytes = saved_bytes;
-    check(trimul_backward(b, bwd_ws.get(), bwd_saved_bytes, nullptr));
+    check(trimul_backward(b, workspace(bwd_ws, bwd_saved_bytes), bwd_saved_bytes, nullptr));
   }
   // The backward that recomputes the forward (no saved set).
-  void backward_recompute() { check(trimul_backward(bwd, bwd_ws.get(), bwd_bytes, nullptr)); }
+  void backward_recompute() { check(trimul_backward(bwd, workspace(bwd_ws, bwd_bytes), bwd_bytes, nullptr)); }
+
+  // A workspace of at least `bytes`, allocated when a path first needs it (or more than it holds):
+  // at large N the recompute path's workspace, which holds a saved set of its own, and the
+  // training pair's buffers would not fit one device together.
+  static void* workspace(DeviceBuffer& ws, size_t bytes) {
+    if (ws.bytes() < bytes) {
+      ws = DeviceBuffer();  // freed before the larger one is taken
+      ws = DeviceBuffer(bytes);
+    }
+    return ws.get();
+  }
 
   static void check(const Status& s) {
     if (!s.ok()) throw std::runtime_error(s.message());

@@ -199,12 +199,13 @@ std::vector<float> fetch_bf16(const void* dev, int64_t offset, int64_t count) {
   return f;
 }
 
-// Issue 5: N = 3072 at C = 128 runs forward and backward without index overflow. The forward
-// is checked against an FP64 reference at sampled pixels; the backward (from the saved set, and
-// recomputing) for finite, bitwise repeatable gradients.
-TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (GPU tests need an sm_90a device)";
-  constexpr int64_t N = 3072, C = 128;
+// Large N at C = 128 runs forward and backward without index overflow (N = 3072: issue 5; N =
+// 4096: the multiplicative-update issue's bound). The forward is checked against an FP64
+// reference at sampled pixels; the backward from the saved set for finite, bitwise repeatable
+// gradients, and with `recompute` the backward that recomputes the forward too (at N = 4096 its
+// workspace and the saved set would not fit the device together).
+void large_forward_backward(int64_t N, bool recompute) {
+  constexpr int64_t C = 128;
   harness::DeviceTrimul p(1, N, C, C, true, 2024);
   // Weights of a trained scale: N(0, 1/C) projections, LayerNorm gains near 1.
   std::vector<std::vector<float>> w(12);
@@ -224,7 +225,8 @@ TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
   }
   p.forward_saving();  // the training path; its out equals the inference forward's (GpuTrimul)
   harness::cuda_ok(cudaDeviceSynchronize(), "forward");
-  const int64_t samples[][2] = {{0, 0}, {1, 3071}, {1536, 17}, {3071, 3071}, {2047, 1024}, {3000, 5}};
+  p.fwd_ws = harness::DeviceBuffer();  // dead now; at N = 4096 the backward's needs its room
+  const int64_t samples[][2] = {{0, 0}, {1, N - 1}, {N / 2, 17}, {N - 1, N - 1}, {2 * N / 3, N / 3}, {N - 72, 5}};
   std::vector<double> got, want;
   for (const auto& s : samples) {
     const int64_t i = s[0], j = s[1];
@@ -242,11 +244,11 @@ TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
   std::vector<double> rounded(want.size());
   for (size_t k = 0; k < want.size(); ++k) rounded[k] = detail::round_to(DType::kBF16, want[k]);
   const double err = rel_rmse(got, want), floor = rel_rmse(rounded, want);
-  std::printf("N=3072 sampled out error/floor: %.2f\n", err / floor);
+  std::printf("N=%lld sampled out error/floor: %.2f\n", static_cast<long long>(N), err / floor);
   EXPECT_LE(err, harness::kTrimulOutFloorFactor * floor) << "rel RMSE " << err << " floor " << floor;
 
   std::vector<std::vector<float>> first;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < (recompute ? 3 : 2); ++rep) {
     if (rep < 2) p.backward();  // from the saved set, twice: repeatable
     else p.backward_recompute();
     harness::cuda_ok(cudaDeviceSynchronize(), "backward");
@@ -268,6 +270,16 @@ TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
       EXPECT_LT(std::sqrt(num / den), 0.05) << "dz of the recompute path is far from the saved path's";
     }
   }
+}
+
+TEST(GpuTrimulLarge, N3072ForwardAndBackward) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (GPU tests need an sm_90a device)";
+  large_forward_backward(3072, true);
+}
+
+TEST(GpuTrimulLarge, N4096ForwardAndBackward) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (GPU tests need an sm_90a device)";
+  large_forward_backward(4096, false);
 }
 
 }  // namespace
