@@ -7,7 +7,7 @@
 // warpgroup (the producer in D) only gives its registers away. Per step and warpgroup:
 //   S^T, dP^T = K Q^T, V dO^T        m64n128k16 x 2 each, both operands from shared memory
 //   P^T = exp2((S^T scale + bias^T) log2e - LSE log2e); dS^T = P^T (dP^T - Dlt)
-//   dV += P^T dO, dK += dS^T Q       m64n32k16 x 8 each, A from registers
+//   dV += P^T dO, dK += dS^T Q       m64n32k16 x 8 each, A from registers (backward_parts.cuh)
 //   dS^T -> shared memory (bf16)     then both warpgroups' halves meet at a barrier
 //   dQ part = dS K                   m64n32k16 x 8, both operands from shared memory
 // Registers: 64 + 64 accumulators for S^T, dP^T, 16 each for dK, dV, dQ, and the 64 bf16 A
@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "attention/backward_parts.cuh"
 #include "common/mma.cuh"
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
@@ -119,19 +120,11 @@ __device__ __forceinline__ void math_step(uint8_t* s, int wg, float (&dk)[16], f
     }
   }
 
-  uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // [k16 step of queries] A fragments of P^T, dS^T
-#pragma unroll
-  for (int kk = 0; kk < BQ / 16; ++kk) {
-    dev::acc_to_a<T>(pa[kk], sT[2 * kk], sT[2 * kk + 1]);
-    dev::acc_to_a<T>(sa[kk], dpT[2 * kk], dpT[2 * kk + 1]);
-  }
-  dev::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < BQ / 16; ++kk) {
-    dev::WgmmaN32RS<T, 1>::run(dv, pa[kk], dO + 64 * kk, 1);
-    dev::WgmmaN32RS<T, 1>::run(dk, sa[kk], dQ + 64 * kk, 1);
-  }
-  dev::wgmma_commit();
+  // dV += P^T dO, dK += dS^T Q: the library's part (its wgmma form reads only the descriptors).
+  const tpf::attn::StepTiles<T> unused{};
+  tpf::attn::gradient_products<T, D, BQ, true>(reinterpret_cast<float(&)[D / 8][4]>(dk),
+                                               reinterpret_cast<float(&)[D / 8][4]>(dv), sT, dpT, unused, dQ, dO,
+                                               lane);
 #pragma unroll
   for (int i = 0; i < QT; ++i)
 #pragma unroll
