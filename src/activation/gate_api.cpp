@@ -35,8 +35,7 @@ act::Shape shape_of(const SigmoidGateParams& p) {
 Status validate_sigmoid_gate(const SigmoidGateParams& p, bool backward, bool for_gpu) {
   const Checker c{backward ? "sigmoid_gate_backward" : "sigmoid_gate"};
   TPF_RETURN_IF_ERROR(c.shape("g", p.g, {{"R", -1}, {"W", -1}}));
-  if (for_gpu) TPF_RETURN_IF_ERROR(c.dtype("g", p.g, {DType::kBF16, DType::kFP16, DType::kFP32}));
-  else TPF_RETURN_IF_ERROR(c.dtype("g", p.g, {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP64}));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64("g", p.g, {DType::kBF16, DType::kFP16, DType::kFP32}, !for_gpu));
   if (for_gpu && p.g.shape[1] % 8 != 0)
     return c.fail("g", "width W=" + std::to_string(p.g.shape[1]) +
                            " is not built for the GPU; supported: multiples of 8",

@@ -39,8 +39,7 @@ Status validate_swiglu(const SwigluParams& p, bool backward, bool for_gpu) {
   const Checker c{backward ? "swiglu_backward" : "swiglu"};
   TPF_RETURN_IF_ERROR(c.present("x", p.x));
   if (p.x.rank < 1) return c.fail("x", "must have at least one dimension [..., 2H]");
-  if (for_gpu) TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kBF16, DType::kFP16, DType::kFP32}));
-  else TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP64}));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64("x", p.x, {DType::kBF16, DType::kFP16, DType::kFP32}, !for_gpu));
   TPF_RETURN_IF_ERROR(c.contiguous("x", p.x));
   const int64_t W = p.x.shape[p.x.rank - 1];
   if (W % 2 != 0) return c.fail("x", "last dimension must be even ([a | b], 2H), got " + std::to_string(W));

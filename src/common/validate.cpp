@@ -82,10 +82,17 @@ Status Checker::shape(const char* arg, const TensorView& t, std::initializer_lis
 
 Status Checker::dtype(const char* arg, const TensorView& t,
                       std::initializer_list<DType> allowed) const {
-  for (DType d : allowed)
+  return dtype_or_fp64(arg, t, allowed, false);
+}
+
+Status Checker::dtype_or_fp64(const char* arg, const TensorView& t, std::initializer_list<DType> gpu,
+                              bool fp64) const {
+  if (fp64 && t.dtype == DType::kFP64) return Status::Ok();
+  for (DType d : gpu)
     if (t.dtype == d) return Status::Ok();
   std::string list;
-  for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d));
+  for (DType d : gpu) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d));
+  if (fp64) list += " or " + std::string(dtype_name(DType::kFP64));
   return fail(arg, "expected dtype " + list + ", got " + dtype_name(t.dtype),
               StatusCode::kInvalidType);
 }

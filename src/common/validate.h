@@ -26,6 +26,8 @@ struct Checker {
   Status shape(const char* arg, const TensorView& t, std::initializer_list<Dim> dims) const;
   // Dtype is one of `allowed`.
   Status dtype(const char* arg, const TensorView& t, std::initializer_list<DType> allowed) const;
+  // Dtype is one of the GPU's `gpu`, or FP64 too where the CPU reference runs (`fp64`).
+  Status dtype_or_fp64(const char* arg, const TensorView& t, std::initializer_list<DType> gpu, bool fp64) const;
   Status present(const char* arg, const TensorView& t) const;
   // Last dimension's stride is 1.
   Status unit_last_stride(const char* arg, const TensorView& t) const;

@@ -12,15 +12,6 @@ namespace {
 using detail::Checker;
 constexpr int64_t K = gated::kK, N = gated::kN;
 
-// The GPU's dtypes for t, or FP64 too where the CPU reference runs (`ref`).
-Status check_dtype(const Checker& c, const char* arg, const TensorView& t, std::initializer_list<DType> gpu,
-                   bool ref) {
-  if (!ref) return c.dtype(arg, t, gpu);
-  TPF_RETURN_IF_ERROR(c.present(arg, t));
-  if (t.dtype == DType::kFP64) return Status::Ok();
-  return c.dtype(arg, t, gpu);
-}
-
 // A pair tensor [B, I, J, N = 128], contiguous and 16-byte aligned; like `pair`'s shape when given.
 Status check_pair(const Checker& c, const char* arg, const TensorView& t, const TensorView* pair,
                   std::initializer_list<DType> dtypes, bool ref, bool out) {
@@ -30,7 +21,7 @@ Status check_pair(const Checker& c, const char* arg, const TensorView& t, const 
                   t.rank == 4 ? StatusCode::kUnsupported : StatusCode::kInvalidArgument);
   if (pair)
     TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"B", pair->shape[0]}, {"I", pair->shape[1]}, {"J", pair->shape[2]}, {"N", N}}));
-  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, dtypes, ref));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64(arg, t, dtypes, ref));
   TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
   if (out) TPF_RETURN_IF_ERROR(c.writable(arg, t));
   return c.aligned(arg, t, 16);
@@ -43,7 +34,7 @@ Status check_rows(const Checker& c, const char* arg, const TensorView& t, int64_
     return c.fail(arg, "width " + std::to_string(t.shape[1]) + " is not built; supported: K = 128 (heads x head dim)",
                   StatusCode::kUnsupported);
   TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"R = B I J", R}, {"K", K}}));
-  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, {DType::kBF16}, ref));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64(arg, t, {DType::kBF16}, ref));
   TPF_RETURN_IF_ERROR(c.unit_last_stride(arg, t));
   return c.aligned(arg, t, 16);
 }
@@ -53,14 +44,14 @@ Status check_weight(const Checker& c, const TensorView& w, bool ref) {
   if (w.shape[0] != N || w.shape[1] != K)
     return c.fail("w", "shape " + detail::shape_string(w) + " is not built; supported: [N = 128, K = 128]",
                   StatusCode::kUnsupported);
-  TPF_RETURN_IF_ERROR(check_dtype(c, "w", w, {DType::kBF16}, ref));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64("w", w, {DType::kBF16}, ref));
   return c.contiguous("w", w);
 }
 
 // The scale: out's shape through any strides, the last 0 or 1 (then 16-byte aligned rows).
 Status check_scale(const Checker& c, const TensorView& s, const TensorView& pair, bool ref) {
   TPF_RETURN_IF_ERROR(c.shape("scale", s, {{"B", pair.shape[0]}, {"I", pair.shape[1]}, {"J", pair.shape[2]}, {"N", N}}));
-  TPF_RETURN_IF_ERROR(check_dtype(c, "scale", s, {DType::kBF16}, ref));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64("scale", s, {DType::kBF16}, ref));
   if (s.stride[3] > 1) return c.fail("scale", "last stride must be 0 (broadcast) or 1, got " + std::to_string(s.stride[3]));
   return s.stride[3] == 1 ? c.aligned("scale", s, 16) : Status::Ok();
 }
@@ -88,7 +79,7 @@ Status validate_gated_linear(const GatedLinearParams& p, bool for_gpu) {
   TPF_RETURN_IF_ERROR(check_weight(c, p.w, ref));
   if (p.bias.present()) {
     TPF_RETURN_IF_ERROR(c.shape("bias", p.bias, {{"N", N}}));
-    TPF_RETURN_IF_ERROR(check_dtype(c, "bias", p.bias, {DType::kBF16}, ref));
+    TPF_RETURN_IF_ERROR(c.dtype_or_fp64("bias", p.bias, {DType::kBF16}, ref));
     TPF_RETURN_IF_ERROR(c.contiguous("bias", p.bias));
   }
   if (p.scale.present()) {

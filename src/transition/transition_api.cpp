@@ -13,18 +13,13 @@ using detail::Checker;
 
 int64_t rows_of(const TensorView& x) { return x.rank ? x.numel() / x.shape[x.rank - 1] : 0; }
 
-// The GPU's dtype for t, or FP64 too where the CPU reference runs (`ref`).
-Status check_dtype(const Checker& c, const char* arg, const TensorView& t, DType gpu, bool ref) {
-  return ref ? c.dtype(arg, t, {gpu, DType::kFP64}) : c.dtype(arg, t, {gpu});
-}
-
 // t holds one value a row of x (x's leading dims, or any shape of that many elements), fp32.
 Status check_per_row(const Checker& c, const char* arg, const TensorView& t, const TensorView& x, bool ref) {
   TPF_RETURN_IF_ERROR(c.present(arg, t));
   if (t.numel() != rows_of(x))
     return c.fail(arg, "must hold one value per row of x (" + std::to_string(rows_of(x)) + "), got shape " +
                            detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, DType::kFP32, ref));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64(arg, t, {DType::kFP32}, ref));
   return c.contiguous(arg, t);
 }
 
@@ -37,7 +32,7 @@ Status check_weights(const Checker& c, const TensorView& w_ab, const TensorView&
                   StatusCode::kUnsupported);
   TPF_RETURN_IF_ERROR(c.shape("w_o", w_o, {{"C", C}, {"H", H}}));
   for (const auto& [name, t] : {std::pair{"w_ab", &w_ab}, std::pair{"w_o", &w_o}}) {
-    TPF_RETURN_IF_ERROR(check_dtype(c, name, *t, DType::kBF16, ref));
+    TPF_RETURN_IF_ERROR(c.dtype_or_fp64(name, *t, {DType::kBF16}, ref));
     TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
     TPF_RETURN_IF_ERROR(c.aligned(name, *t, 16));
   }
@@ -67,7 +62,7 @@ Status check_rows_like(const Checker& c, const char* arg, const TensorView& t, c
   if (!same)
     return c.fail(arg, "must be x's shape " + detail::shape_string(x) + " with last dimension " + std::to_string(last) +
                            ", got " + detail::shape_string(t));
-  TPF_RETURN_IF_ERROR(check_dtype(c, arg, t, dtype, ref));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64(arg, t, {dtype}, ref));
   TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
   if (out) TPF_RETURN_IF_ERROR(c.writable(arg, t));
   return c.aligned(arg, t, 16);
@@ -80,14 +75,13 @@ Status validate_transition(const TransitionParams& p, bool for_gpu) {
   const bool ref = !for_gpu;  // the CPU reference also takes FP64 for every tensor
   TPF_RETURN_IF_ERROR(check_rows(c, "x", p.x));
   const int64_t C = transition::kC;
-  if (ref) TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16, DType::kFP64}));
-  else TPF_RETURN_IF_ERROR(c.dtype("x", p.x, {DType::kFP32, DType::kBF16}));
+  TPF_RETURN_IF_ERROR(c.dtype_or_fp64("x", p.x, {DType::kFP32, DType::kBF16}, ref));
   TPF_RETURN_IF_ERROR(c.contiguous("x", p.x));
   TPF_RETURN_IF_ERROR(c.aligned("x", p.x, 16));
   for (const auto& [name, t] : {std::pair{"ln_w", &p.ln_w}, std::pair{"ln_b", &p.ln_b}})
     if (t->present()) {
       TPF_RETURN_IF_ERROR(c.shape(name, *t, {{"C", C}}));
-      TPF_RETURN_IF_ERROR(check_dtype(c, name, *t, DType::kFP32, ref));
+      TPF_RETURN_IF_ERROR(c.dtype_or_fp64(name, *t, {DType::kFP32}, ref));
       TPF_RETURN_IF_ERROR(c.contiguous(name, *t));
     }
   TPF_RETURN_IF_ERROR(check_weights(c, p.w_ab, p.w_o, C, ref));
