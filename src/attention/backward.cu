@@ -395,7 +395,7 @@ __device__ __forceinline__ void run_math(const BwdBlock<T, BiasT, D, C>& k, int 
     [[maybe_unused]] const uint64_t descO = dev::wgmma_desc_rows32(dev::smem_addr(tiles.dO));
     float sT[QT][4], dpT[QT][4];  // S^T then P^T; dP^T then dS^T
     score_products<T, D, BQ, kWg>(sT, dpT, tiles, descK, descV, descQ, descO, wq, lane);
-    probabilities<BiasT, D, BQ, BK>(sT, dpT, tiles.bias, tiles.lse, tiles.dlt, attend, krow, a.scale, wq, lane);
+    probabilities<T, BiasT, D, BQ, BK>(sT, dpT, tiles, attend, krow, a.scale, wq, lane);
     gradient_products<T, D, BQ, kWg>(dk, dv, sT, dpT, tiles, descQ, descO, lane);
 
     // dS^T to shared memory: fp32 for the helper's dbias sum (once it has read the last step's),

@@ -73,9 +73,8 @@ __device__ __forceinline__ void score_products(float (&sT)[BQ / 8][4], float (&d
 // LSE log2(e)), 0 at masked keys; dS^T = P^T (dP^T - Dlt). A 16-bit bias comes by
 // ldmatrix.x4.trans (n8 tiles nt, nt + 1 at even nt), except at D = 128, whose registers are
 // all taken (the extra four spill).
-template <class BiasT, int D, int BQ, int BK>
-__device__ __forceinline__ void probabilities(float (&sT)[BQ / 8][4], float (&dpT)[BQ / 8][4],
-                                              const uint8_t* tBias, const float* tLse, const float* tDlt,
+template <class T, class BiasT, int D, int BQ, int BK>
+__device__ __forceinline__ void probabilities(float (&sT)[BQ / 8][4], float (&dpT)[BQ / 8][4], const StepTiles<T>& st,
                                               const bool (&attend)[2], const int (&krow)[2], float scale,
                                               int wq, int lane) {
   constexpr int QT = BQ / 8;
@@ -87,7 +86,7 @@ __device__ __forceinline__ void probabilities(float (&sT)[BQ / 8][4], float (&dp
   for (int nt = 0; nt < QT; ++nt) {
     if constexpr (kBiasX4) {
       using X4 = BiasX4Trans<BiasT, BQ, BK>;
-      if (nt % 2 == 0) X4::load(bp, dev::smem_addr(tBias) + X4::offset(wq * 16, lane) + nt * 8 * X4::kColStep);
+      if (nt % 2 == 0) X4::load(bp, dev::smem_addr(st.bias) + X4::offset(wq * 16, lane) + nt * 8 * X4::kColStep);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -97,12 +96,12 @@ __device__ __forceinline__ void probabilities(float (&sT)[BQ / 8][4], float (&dp
         const float2 pair = dev::pair_to_float2<BiasT>(bp[2 * (nt % 2) + r]);
         bias = e & 1 ? pair.y : pair.x;
       } else {
-        bias = bias_at<BiasT, BQ, BK>(tBias, q, krow[r]);
+        bias = bias_at<BiasT, BQ, BK>(st.bias, q, krow[r]);
       }
-      const float x = fmaf(fmaf(sT[nt][e], scale, bias), kLog2e, -tLse[q]);
+      const float x = fmaf(fmaf(sT[nt][e], scale, bias), kLog2e, -st.lse[q]);
       const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
       sT[nt][e] = p;
-      dpT[nt][e] = p * (dpT[nt][e] - tDlt[q]);
+      dpT[nt][e] = p * (dpT[nt][e] - st.dlt[q]);
     }
   }
 }
