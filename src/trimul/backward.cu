@@ -26,11 +26,11 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   auto out = [&](float* ptr) { return StoreEpilogue<float>{ptr, d.Np, d.plane(), d.N, d.Np}; };
   cudaError_t e;
   if (p.outgoing) {
-    if ((e = launch_product<T, Major::kK, Major::kMN>(d, dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-    return launch_product<T, Major::kMN, Major::kMN>(d, dx, a, shape, batches, out(ws.db), s_db);
+    if ((e = launch_long_k<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+    return launch_long_k<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
   }
-  if ((e = launch_product<T, Major::kK, Major::kK>(d, b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-  return launch_product<T, Major::kK, Major::kMN>(d, a, dx, shape, batches, out(ws.db), s_db);
+  if ((e = launch_long_k<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+  return launch_long_k<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
 // G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows (K = M: a long-K product);

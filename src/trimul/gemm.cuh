@@ -334,16 +334,15 @@ __device__ __forceinline__ EpiTile epi_tile(uint8_t* smem, bool prefetched) {
 // The block's output tile and K range. Tiles in n-fastest order: the blocks sharing an A row
 // block run together and read it from L2 once (the projections have 5 n-tiles over the same
 // 128 pixel rows). blockIdx.z: batch, or split-K chunk.
-// block_n: the block's width, kBlockN or a multiple (the wide product tiles, gemm_wgmma.cuh).
 struct BlockTile {
   int64_t m0;
   int n0, z;
   int64_t k_begin;
   int nk;  // k-steps
-  __device__ explicit BlockTile(const GemmShape& s, int block_n = Cfg::kBlockN) {
-    const int n_tiles = (s.N + block_n - 1) / block_n;
+  __device__ explicit BlockTile(const GemmShape& s) {
+    const int n_tiles = (s.N + Cfg::kBlockN - 1) / Cfg::kBlockN;
     m0 = int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
-    n0 = static_cast<int>(blockIdx.x % n_tiles) * block_n;
+    n0 = static_cast<int>(blockIdx.x % n_tiles) * Cfg::kBlockN;
     z = blockIdx.z;
     k_begin = s.k_chunk ? z * s.k_chunk : 0;
     const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
@@ -352,26 +351,20 @@ struct BlockTile {
 };
 
 // Both operands' loaders for one block: load(st, k0) fills stage st with the k-step at k0.
-// kNB: B tiles of 128 columns per stage (2 for the wide product tiles), each kTileElems after
-// the previous: a stage is A, then B's columns n0 .., n0 + 128 ...
-template <class T, Major AM, Major BMJ, bool kWgmma, int kNB = 1>
+template <class T, Major AM, Major BMJ, bool kWgmma>
 struct StageLoader {
-  static_assert(kNB == 1 || kNB == 2, "one or two B tiles");
-  static constexpr int kBytes = (1 + kNB) * detail::kTileElems * 2;  // one stage
   uint8_t* smem;
   detail::TileLoader<AM, T, kWgmma> a;
-  detail::TileLoader<BMJ, T, kWgmma> b, b2;  // b2: columns n0 + 128 .. (kNB == 2)
+  detail::TileLoader<BMJ, T, kWgmma> b;
   __device__ StageLoader(uint8_t* smem_, const Operand& A, const Operand& B, const GemmShape& s, const BlockTile& bt)
       : smem(smem_),
         a(static_cast<const T*>(A.ptr) + (s.k_chunk ? 0 : bt.z * A.batch_stride), A, bt.m0),
-        b(static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : bt.z * B.batch_stride), B, bt.n0),
-        b2(static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : bt.z * B.batch_stride), B, bt.n0 + Cfg::kBlockN) {}
-  __device__ T* stage_a(int st) const { return reinterpret_cast<T*>(smem + st * kBytes); }
+        b(static_cast<const T*>(B.ptr) + (s.k_chunk ? 0 : bt.z * B.batch_stride), B, bt.n0) {}
+  __device__ T* stage_a(int st) const { return reinterpret_cast<T*>(smem + st * kStageBytes); }
   __device__ T* stage_b(int st) const { return stage_a(st) + detail::kTileElems; }
   __device__ void load(int st, int64_t k0) const {
     a.load(stage_a(st), k0);
     b.load(stage_b(st), k0);
-    if constexpr (kNB == 2) b2.load(stage_b(st) + detail::kTileElems, k0);
   }
 };
 
@@ -462,13 +455,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   }
 }
 
-// One block per 128 x block_n output tile (x) and batch or split-K chunk (z).
+// One block per 128 x 128 output tile (x) and batch or split-K chunk (z).
 template <class Epi>
 cudaError_t launch_tiles(void (*kernel)(Operand, Operand, GemmShape, Epi), int smem_bytes, const Operand& A,
-                         const Operand& B, const GemmShape& s, int batches, const Epi& epi, cudaStream_t stream,
-                         int block_n = Cfg::kBlockN) {
+                         const Operand& B, const GemmShape& s, int batches, const Epi& epi, cudaStream_t stream) {
   if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, smem_bytes); e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) * ((s.N + block_n - 1) / block_n)),
+  const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) *
+                                        ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)),
                   1, static_cast<unsigned>(batches));
   kernel<<<grid, Cfg::kThreads, smem_bytes, stream>>>(A, B, s, epi);
   return cudaGetLastError();

@@ -55,16 +55,6 @@ cudaError_t launch_long_k(const Operand& A, const Operand& B, const GemmShape& s
   else return launch_gemm<T, AM, BMJ>(A, B, shape, batches, epi, s);
 }
 
-// A triangle product (K = N): on the wide 128 x 256 tiles where N reaches their threshold
-// (tile_config.h), else as the other long-K products.
-template <class T, Major AM, Major BMJ, class Epi>
-cudaError_t launch_product(const Dims& d, const Operand& A, const Operand& B, const GemmShape& shape, int batches,
-                           const Epi& epi, cudaStream_t s) {
-  if (d.N >= WideProductConfig::kMinN)
-    return launch_gemm_wgmma<T, AM, BMJ, WideProductConfig::kNHalves>(A, B, shape, batches, epi, s);
-  return launch_long_k<T, AM, BMJ>(A, B, shape, batches, epi, s);
-}
-
 // x_c = A_c B_cᵀ (outgoing) or A_cᵀ B_c (incoming) for every (batch, channel); x bf16 with
 // zero pads (the pad columns of B are zero).
 template <class T>
@@ -74,8 +64,8 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
   const Operand A = channel_matrices(operand<T>(ws, false), d), B = channel_matrices(operand<T>(ws, true), d);
-  return p.outgoing ? launch_product<T, Major::kK, Major::kK>(d, A, B, shape, batches, epi, s)
-                    : launch_product<T, Major::kMN, Major::kMN>(d, A, B, shape, batches, epi, s);
+  return p.outgoing ? launch_long_k<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
+                    : launch_long_k<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
 }
 
 // Folded weights, LayerNorm_in, projections, triangle product and LayerNorm_out: everything up

@@ -37,17 +37,6 @@ struct GemmConfig {
 // the mma.sync main loop like the short-K products, whose time is their epilogues'.
 constexpr bool kLongKWgmma = true;
 
-// The triangle products (K = N, the cubic work) at N >= kMinN take 128 x 256 blocks on wgmma:
-// a k-step then moves 48 KB of operands for 4.2 MFLOP, 85 FLOP/B against the 64 of a 128 x 128
-// tile, whose products ran at 415-425 TFLOP/s, about what L2 delivers to them. Four stages
-// (192 KB) leave one block per SM, so one wgmma batch stays in flight across each k-step's
-// barrier instead of none. Below kMinN the second half of a block would be mostly padding.
-struct WideProductConfig {
-  static constexpr int kNHalves = 2;  // 128-column halves per block
-  static constexpr int kStages = 4;
-  static constexpr int kMinN = 512;
-};
-
 // Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of
 // this many rows so that ~4 waves of blocks cover the few output tiles; partials are then
 // summed in chunk order (bitwise deterministic, no atomics).

@@ -10,7 +10,6 @@
 #include "testing/device_trimul.h"
 #include "testing/gpu_trimul.h"
 #include "testing/tolerances.h"
-#include "trimul/tile_config.h"
 
 namespace tpf::test {
 namespace {
@@ -108,9 +107,6 @@ std::vector<TrimulCase> cases() {
     for (bool out : {true, false}) v.push_back({1, N, 64, 64, out});
   v.push_back({1, 333, 32, 32, true});
   v.push_back({1, 333, 32, 32, false, true, true, DType::kBF16, true});
-  // the wide product tiles (tile_config.h), with a last block that is mostly past N, both
-  // directions (K-major and MN-major operands)
-  for (bool out : {true, false}) v.push_back({1, trimul::WideProductConfig::kMinN + 8, 32, 32, out});
   // every supported width, as C and as Ch
   const int64_t widths[][2] = {{32, 256}, {64, 96}, {96, 64}, {128, 128}, {256, 32}};
   for (const auto& w : widths) v.push_back({1, 33, w[0], w[1], true});
