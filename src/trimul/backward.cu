@@ -6,6 +6,8 @@
 // with dW_in.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "common/side_stream.h"
 #include "trimul/norm_epilogue.cuh"
 #include "trimul/stages.cuh"
@@ -33,14 +35,22 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   return launch_long_k<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
-// G = dYᵀ X over all pixels, as fp32 partials per chunk of pixel rows (K = M: a long-K product);
-// dY's and X's rows are y_ld and x_ld apart (their first `rows` and `cols` columns are read).
-cudaError_t weight_gradient(const Dims& d, const void* dY, int64_t rows, int64_t y_ld, const void* X, int64_t cols,
-                            int64_t x_ld, const WgradSplit& split, float* part, cudaStream_t s) {
-  const Operand A{dY, y_ld, 0, d.M(), rows}, B{X, x_ld, 0, d.M(), cols};
+// Pixel rows [r0, r1) of the backward: the whole of them, or a chunk of the tail.
+struct PixelRange {
+  int64_t r0, r1;
+};
+
+// G = dYᵀ X over the pixels of `px` (whole split-K chunks of `split`), as the fp32 partials of
+// those chunks (K = pixels: a long-K product); dY's and X's rows are y_ld and x_ld apart (their
+// first `rows` and `cols` columns are read), and their buffers start at pixel y_row0 / x_row0.
+cudaError_t weight_gradient(const void* dY, int64_t rows, int64_t y_ld, int64_t y_row0, const void* X, int64_t cols,
+                            int64_t x_ld, int64_t x_row0, const WgradSplit& split, const PixelRange& px, float* part,
+                            cudaStream_t s) {
+  const Operand A{dY, y_ld, 0, px.r1, rows, y_row0}, B{X, x_ld, 0, px.r1, cols, x_row0};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
-  return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), d.M(), split.chunk},
-                                                  static_cast<int>(split.parts), epi, s);
+  const int64_t z0 = px.r0 / split.chunk, z1 = (px.r1 + split.chunk - 1) / split.chunk;
+  return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), px.r1, split.chunk, 0, z0},
+                                                  static_cast<int>(z1 - z0), epi, s);
 }
 
 // The LayerNorm backward runs in the d xhat product's epilogue when one tile holds whole rows;
@@ -57,6 +67,53 @@ cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operan
   return launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, shape, 1, fused, s);
 }
 
+// The tail over pixel rows px: the input projections' backward (p, g recomputed) into dlin's
+// a/b columns; dlin's gate columns from dgate when dlin holds a chunk; then d xhat_in = (dlin
+// wcat) * gamma_in with LayerNorm_in's backward into dz, and beside it dW_in's partials of the
+// chunk's pixels. dlin's rows are px's (row px.r0 first).
+cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
+  const Dims& d = p.d;
+  const int64_t M = d.M(), P = d.proj_cols(), PL = d.dlin_cols();
+  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin, px.r0};
+  cudaError_t e;
+  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
+                                                     {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s)) !=
+      cudaSuccess)
+    return e;
+  if (ws.dgate &&
+      (e = cudaMemcpy2DAsync(static_cast<T*>(ws.dlin) + 4 * d.Ch, PL * sizeof(T),
+                             static_cast<const T*>(ws.dgate) + px.r0 * d.C, d.C * sizeof(T), d.C * sizeof(T),
+                             static_cast<size_t>(px.r1 - px.r0), cudaMemcpyDeviceToDevice, s)) != cudaSuccess)
+    return e;
+  tpf::detail::Fork fork(s);
+  if ((e = fork.begin()) != cudaSuccess) return e;
+  // K = P + 4Ch: dlin's high parts against every row of Wcat, its a/b low parts against the a/b
+  // rows again, so dlin's rounding does not reach dz.
+  const Operand dlin_rows{ws.dlin, PL, 0, px.r1, PL, px.r0}, wcat_n{ws.wcat_raw, d.C, 0, PL, d.C};
+  const GemmShape dxhat_in_shape{px.r1, static_cast<int>(d.C), PL, 0, px.r0};
+  if (fused_norm_in(d)) {
+    if ((e = p.dz_f32 ? norm_in_backward<float>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)
+                      : norm_in_backward<T>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)) != cudaSuccess)
+      return e;
+  } else {  // one chunk (workspace.h's tail_rows): the row kernel takes every pixel
+    const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
+    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) != cudaSuccess ||
+        (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
+      return e;
+  }
+  // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
+  // two), and xhat_in's high rows against dlin's a/b low parts (after d xhat_in): neither
+  // xhat_in's nor dlin's bf16 rounding reaches the input-side weight gradients (the low x low
+  // product is below both).
+  const T* dlin = static_cast<const T*>(ws.dlin);
+  if ((e = weight_gradient(ws.xhat_in_bf, 2 * d.C, 2 * d.C, 0, dlin, P, PL, px.r0, ws.split_in, px, ws.part_in,
+                           fork.side())) != cudaSuccess ||
+      (e = weight_gradient(ws.xhat_in_bf, d.C, 2 * d.C, 0, dlin + P, 4 * d.Ch, PL, px.r0, ws.split_in_lo, px,
+                           ws.part_in_lo, s)) != cudaSuccess)
+    return e;
+  return fork.join();
+}
+
 }  // namespace
 
 cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, cudaStream_t s) {
@@ -66,8 +123,10 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
                             : prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s);
   if (e != cudaSuccess) return e;
   // Output stage: dy, the gate-logit gradient and their column sums.
+  // The gate logit's gradient: dlin's gate columns, or dgate when dlin holds a chunk of the tail.
+  T* dgate = ws.dgate ? static_cast<T*>(ws.dgate) : static_cast<T*>(ws.dlin) + 4 * d.Ch;
   const OutGradEpilogue<T> og{d, ws.bz, static_cast<const __half*>(ws.logit), p.dout, static_cast<T*>(ws.dy),
-                              static_cast<T*>(ws.dlin), ws.colsum_dy, ws.colsum_lin};
+                              dgate, ws.dgate ? d.C : d.dlin_cols(), ws.colsum_dy, ws.colsum_lin};
   if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_out, d, d.Ch), weight_rows(ws.wz, d.C, d.Ch),
                                                 {M, static_cast<int>(d.C), d.Ch, 0}, 1, og, s)) != cudaSuccess)
     return e;
@@ -90,47 +149,16 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = ln_channel_major_backward(p, ws.dxhat, ws.x, ws.mean_out, ws.rstd_out, ws.dx, s)) != cudaSuccess)
       return e;
   }
-  if ((e = weight_gradient(d, ws.dy, 2 * d.C, 2 * d.C, ws.xhat_out_bf, d.Ch, d.Ch, ws.split_out, ws.part_out,
-                           fork.side())) != cudaSuccess ||
+  if ((e = weight_gradient(ws.dy, 2 * d.C, 2 * d.C, 0, ws.xhat_out_bf, d.Ch, d.Ch, 0, ws.split_out, {0, M},
+                           ws.part_out, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
   // dy is dead: db may take its region (and da d xhat's).
   if ((e = fork.begin()) != cudaSuccess || (e = triangle_backward(p, ws, s, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
-  // Input projections: recompute p, g; their gradients into dlin's a/b columns.
-  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin};
-  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
-                                                {M, static_cast<int>(4 * d.Ch), d.C, 0}, 1, pb, s)) != cudaSuccess)
-    return e;
-  // d xhat_in = (dlin wcat) * gamma_in, then LayerNorm_in backward into dz (fused likewise);
-  // beside it dW_in.
-  if ((e = fork.begin()) != cudaSuccess) return e;
-  // K = P + 4Ch: dlin's high parts against every row of Wcat, its a/b low parts against the a/b
-  // rows again, so dlin's rounding does not reach dz.
-  const int64_t PL = d.dlin_cols();
-  const Operand dlin_rows = pixel_rows(ws.dlin, d, PL), wcat_n = Operand{ws.wcat_raw, d.C, 0, PL, d.C};
-  const GemmShape dxhat_in_shape{M, static_cast<int>(d.C), PL, 0};
-  if (fused_norm_in(d)) {
-    if ((e = p.dz_f32 ? norm_in_backward<float>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)
-                      : norm_in_backward<T>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)) != cudaSuccess)
-      return e;
-  } else {
-    const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
-    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) != cudaSuccess ||
-        (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
-      return e;
-  }
-  // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
-  // two), and xhat_in's high rows against dlin's a/b low parts (after d xhat_in): neither
-  // xhat_in's nor dlin's bf16 rounding reaches the input-side weight gradients (the low x low
-  // product is below both).
-  if ((e = weight_gradient(d, ws.xhat_in_bf, 2 * d.C, 2 * d.C, ws.dlin, P, PL, ws.split_in, ws.part_in, fork.side())) !=
-          cudaSuccess ||
-      (e = weight_gradient(d, ws.xhat_in_bf, d.C, 2 * d.C, static_cast<const T*>(ws.dlin) + P, 4 * d.Ch, PL,
-                           ws.split_in_lo, ws.part_in_lo, s)) != cudaSuccess ||
-      (e = fork.join()) != cudaSuccess)
-    return e;
+  for (int64_t r0 = 0; r0 < M; r0 += ws.tail_rows)
+    if ((e = backward_tail(p, ws, {r0, std::min(M, r0 + ws.tail_rows)}, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess ||
       (e = sum_partials(ws.part_in_lo, d.C * 4 * d.Ch, ws.split_in_lo.parts, ws.g_in_lo, s)) != cudaSuccess)
     return e;

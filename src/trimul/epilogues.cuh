@@ -321,7 +321,8 @@ struct OutGradEpilogue {
   const __half* gate;   // [M][C] logit
   PairRef dout;         // bf16
   T* dy;              // [M][2C]: high parts, then low parts
-  T* dlin;            // [M][P + 4Ch] (workspace.h)
+  T* dgate;           // [M][dgate_ld]: the gate logit's gradient (dlin's gate columns, workspace.h)
+  int64_t dgate_ld;
   float* colsum_dy;   // [m-tiles][C]
   float* colsum_lin;  // [m-tiles][4Ch + C]
 
@@ -343,7 +344,7 @@ struct OutGradEpilogue {
 
   __device__ bool fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
     if (!t.prefetched) return false;
-    const int64_t M = d.M(), ldl = d.dlin_cols(), gcol = 4 * d.Ch, lds = d.proj_cols();
+    const int64_t M = d.M(), gcol = 4 * d.Ch, lds = d.proj_cols();
     const int C = static_cast<int>(d.C), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const auto* go = static_cast<const __nv_bfloat16*>(dout.ptr);
     row_offsets(t, [&](int r) { return m0 + r < M ? pair_offset(dout, m0 + r, d.N) : int64_t{-1}; });
@@ -399,7 +400,7 @@ struct OutGradEpilogue {
       if (m >= M || c >= C) continue;
       *reinterpret_cast<uint4*>(dy + m * 2 * C + c) = hi.get(r, k);
       *reinterpret_cast<uint4*>(dy + m * 2 * C + C + c) = lo.get(r, k);
-      *reinterpret_cast<uint4*>(dlin + m * ldl + gcol + c) = dg.get(r, k);
+      *reinterpret_cast<uint4*>(dgate + m * dgate_ld + c) = dg.get(r, k);
     }
     const int64_t mt = m0 / Cfg::kBlockM;
     const int cn = n0 + static_cast<int>(threadIdx.x);
@@ -413,7 +414,7 @@ struct OutGradEpilogue {
 
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
     const auto* go = static_cast<const __nv_bfloat16*>(dout.ptr);
-    const int64_t ldl = d.dlin_cols(), gcol = 4 * d.Ch, lds = d.proj_cols();
+    const int64_t gcol = 4 * d.Ch, lds = d.proj_cols();
     row_offsets(t, [&](int r) { return m0 + r < d.M() ? pair_offset(dout, m0 + r, d.N) : 0; });
     const VecWalk<8> w;
     const int c = n0 + w.col();
@@ -450,7 +451,7 @@ struct OutGradEpilogue {
         for (int e = 0; e < 8; ++e) lo[e] = vdy[e] - dev::to_float(dev::from_float<T>(vdy[e]));
         *reinterpret_cast<uint4*>(dy + m * 2 * d.C + c) = pack16<T>(vdy);
         *reinterpret_cast<uint4*>(dy + m * 2 * d.C + d.C + c) = pack16<T>(lo);
-        *reinterpret_cast<uint4*>(dlin + m * ldl + gcol + c) = pack16<T>(vdg);
+        *reinterpret_cast<uint4*>(dgate + m * dgate_ld + c) = pack16<T>(vdg);
       }
     }
     const int64_t mt = m0 / Cfg::kBlockM;
@@ -477,6 +478,7 @@ struct ProjectBackwardEpilogue {
   const float *da, *db;  // channel-major
   T* dlin;               // [M][P + 4Ch]: high parts, then the a/b columns' low parts at P + column
   float* colsum_lin;     // [m-tiles][4Ch + C]
+  int64_t dlin_row0 = 0;  // the pixel row dlin's first row holds (a chunk of the pixels)
 
   // The prefetched da/db tile: [64 channels][128 pixels] fp32, the 16-byte chunk k of channel
   // c's row at k ^ 2 (c % 4): a warp's reads (4 channels x 8 pixels) then hit 32 banks.
@@ -553,7 +555,7 @@ struct ProjectBackwardEpilogue {
 #pragma unroll
         for (int e = 0; e < 2 * kFragNi; ++e) sum[e] += v[e], lo[e] = v[e] - dev::to_float(dev::from_float<T>(v[e]));
         if (m < M) {
-          T* row = dlin + m * ldl + n0 + wn + 8 * tq;
+          T* row = dlin + (m - dlin_row0) * ldl + n0 + wn + 8 * tq;
           *reinterpret_cast<uint4*>(row) = dev::pack8<T>(v);
           *reinterpret_cast<uint4*>(row + lds) = dev::pack8<T>(lo);
         }

@@ -29,18 +29,26 @@ enum class Major : int { kK = 0, kMN = 1 };
 // A batch of 2-D matrices. Stored extents: K-major rows = M (or N) and cols = K; MN-major
 // rows = K and cols = M (or N). Reads past the extents return zero; cols must be a multiple of
 // 8 and ld of 8 elements (16-byte chunks; the host pads the channel-major buffers).
+// row0: the first stored row (rows are numbered as the whole matrix's, so a buffer holding
+// rows row0 .. of a larger one reads as that matrix; extents stay the whole matrix's).
 struct Operand {
   const void* ptr;
   int64_t ld;
   int64_t batch_stride;
   int64_t rows, cols;
+  int64_t row0 = 0;
 };
 
+// m_begin: the first output row the grid covers (a multiple of kBlockM; rows m_begin .. M);
+// z_begin: the first split-K chunk (chunks z_begin .. as blockIdx.z walks them), so that a call
+// can cover a range of a product's rows or of its K and still index the whole product.
 struct GemmShape {
   int64_t M;
   int N;
   int64_t K;
   int64_t k_chunk;  // split-K: the K rows of blockIdx.z; 0: no split (blockIdx.z = batch)
+  int64_t m_begin = 0;
+  int64_t z_begin = 0;
 };
 
 using Cfg = GemmConfig;
@@ -253,6 +261,7 @@ struct TileLoader {
   int smem_off;        // tile elements, pass 0 (passes add kRowsPerPass * kW)
   int k_lane;          // K-major: this chunk's k offset; MN-major: its k row
   uint32_t mn_ok;      // bit p: pass p's chunk lies inside the mn extent
+  int64_t k_origin = 0;  // MN-major: the k row the buffer starts at (Operand::row0)
 
   __device__ TileLoader(const T* base, const Operand& op, int64_t mn0) : ld(op.ld) {
     const int r0 = threadIdx.x / kChunksPerRow, ch = threadIdx.x % kChunksPerRow;
@@ -260,19 +269,20 @@ struct TileLoader {
                        : r0 * kW + dev::swizzle<kW>(r0, ch) * 8;
     mn_ok = 0;
     if constexpr (MAJ == Major::kK) {  // tile row = mn, chunk = k
-      src = base + (mn0 + r0) * op.ld + ch * 8;
+      src = base + (mn0 - op.row0 + r0) * op.ld + ch * 8;
       k_lane = ch * 8, k_limit = op.cols;
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) mn_ok |= uint32_t(mn0 + r0 + p * kRowsPerPass < op.rows) << p;
     } else {  // tile row = k, chunk = mn
       src = base + r0 * op.ld + mn0 + ch * 8;
+      k_origin = op.row0;
       k_lane = r0, k_limit = op.rows;
       mn_ok = mn0 + ch * 8 < op.cols ? (1u << kPasses) - 1 : 0u;
     }
   }
 
   __device__ __forceinline__ void load(T* tile, int64_t k0) const {
-    const T* g = src + (MAJ == Major::kK ? k0 : k0 * ld);
+    const T* g = src + (MAJ == Major::kK ? k0 : (k0 - k_origin) * ld);
     const uint32_t s = dev::smem_addr(tile + smem_off);
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
@@ -341,9 +351,9 @@ struct BlockTile {
   int nk;  // k-steps
   __device__ explicit BlockTile(const GemmShape& s) {
     const int n_tiles = (s.N + Cfg::kBlockN - 1) / Cfg::kBlockN;
-    m0 = int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
+    m0 = s.m_begin + int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
     n0 = static_cast<int>(blockIdx.x % n_tiles) * Cfg::kBlockN;
-    z = blockIdx.z;
+    z = static_cast<int>(s.z_begin) + blockIdx.z;
     k_begin = s.k_chunk ? z * s.k_chunk : 0;
     const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
     nk = static_cast<int>((k_end - k_begin + Cfg::kBlockK - 1) / Cfg::kBlockK);
@@ -460,7 +470,7 @@ template <class Epi>
 cudaError_t launch_tiles(void (*kernel)(Operand, Operand, GemmShape, Epi), int smem_bytes, const Operand& A,
                          const Operand& B, const GemmShape& s, int batches, const Epi& epi, cudaStream_t stream) {
   if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, smem_bytes); e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(((s.M + Cfg::kBlockM - 1) / Cfg::kBlockM) *
+  const dim3 grid(static_cast<unsigned>(((s.M - s.m_begin + Cfg::kBlockM - 1) / Cfg::kBlockM) *
                                         ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)),
                   1, static_cast<unsigned>(batches));
   kernel<<<grid, Cfg::kThreads, smem_bytes, stream>>>(A, B, s, epi);

@@ -20,8 +20,20 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
                         ((cols + GemmConfig::kBlockN - 1) / GemmConfig::kBlockN);
   const int64_t want = std::max<int64_t>(1, kWgradTargetBlocks / tiles);
   int64_t chunk = std::max<int64_t>(kWgradMinRows, (M + want - 1) / want);
-  chunk = (chunk + GemmConfig::kBlockK - 1) / GemmConfig::kBlockK * GemmConfig::kBlockK;
+  // a whole number of k-steps and of output row tiles (a pixel chunk of the backward's tail
+  // starts on a row tile: workspace.h's tail_rows)
+  static_assert(GemmConfig::kBlockM % GemmConfig::kBlockK == 0, "row tiles hold whole k-steps");
+  chunk = (chunk + GemmConfig::kBlockM - 1) / GemmConfig::kBlockM * GemmConfig::kBlockM;
   return {chunk, (M + chunk - 1) / chunk};
+}
+
+// Pixel rows of one chunk of the low-memory backward's tail (kTailChunks, whole split-K chunks
+// of dW_in), or M: one chunk. The tail is chunked where LayerNorm_in's backward runs in the d xhat_in
+// product's epilogue (C <= one tile), since the row kernel's fp32 d xhat would alias da.
+inline int64_t tail_rows(const Dims& d, const WgradSplit& split_in) {
+  if (d.C > GemmConfig::kBlockN) return d.M();
+  const int64_t per = (split_in.parts + kTailChunks - 1) / kTailChunks;
+  return std::min(d.M(), per * split_in.chunk);
 }
 
 // Bytes between buffers that no kernel writes (alignment padding).
@@ -53,7 +65,9 @@ struct Workspace {
   // Backward only.
   void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights ([P + 4Ch][C], [2C][Ch]: kernels.h)
   void* dy = nullptr;                           // [M][2C] bf16: dy's high parts, then its low parts
-  void* dlin = nullptr;                         // [M][P + 4Ch]: all P = 4Ch + C columns, then the a/b columns' low parts
+  void* dlin = nullptr;                         // [tail_rows][P + 4Ch]: all P = 4Ch + C columns, then the a/b columns' low parts
+  void* dgate = nullptr;                        // [M][C] bf16: dlin's gate columns for every pixel, when dlin holds a chunk
+  int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
@@ -180,12 +194,16 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.da = static_cast<float*>(r1);
   w.dy = r2;
   w.db = static_cast<float*>(r2);
-  w.dlin = a.take(M * d.dlin_cols(), 2);
+  w.split_in = wgrad_split(M, 2 * d.C, P);  // rows: xhat_in's high then low parts
+  w.split_in_lo = w.split_in;  // xhat_in's high parts x dlin's a/b low parts, on the same chunks
+  // Chunked in the low-memory mode (no saved set: the backward recomputes the forward), whole
+  // when the forward saved: the chunks cost time (docs/perf-notes.md, 2026-12-04).
+  w.tail_rows = from_saved ? M : tail_rows(d, w.split_in);
+  w.dlin = a.take(w.tail_rows * d.dlin_cols(), 2);
+  if (w.tail_rows < M) w.dgate = a.take(M * d.C, 2);
   w.dx = a.take(d.cm_elems(), 2);
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
-  w.split_in = wgrad_split(M, 2 * d.C, P);         // rows: xhat_in's high then low parts
-  w.split_in_lo = wgrad_split(M, d.C, 4 * d.Ch);   // xhat_in's high parts x dlin's a/b low parts
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
   w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * P);
   w.part_in_lo = a.take_f32(w.split_in_lo.parts * d.C * 4 * d.Ch);

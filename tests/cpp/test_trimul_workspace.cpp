@@ -48,7 +48,7 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
   }
   const std::vector<Buf> more = {
       {"wcat_raw", w.wcat_raw, (P + 4 * d.Ch) * d.C * 2, false}, {"wz_raw", w.wz_raw, 2 * d.C * d.Ch * 2, false},
-      {"dy", w.dy, M * 2 * d.C * 2, false}, {"dlin", w.dlin, M * d.dlin_cols() * 2, false},
+      {"dy", w.dy, M * 2 * d.C * 2, false}, {"dlin", w.dlin, w.tail_rows * d.dlin_cols() * 2, false},
       {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
       {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
       {"colsum_dy", w.colsum_dy, mt * d.C * 4, false}, {"colsum_lin", w.colsum_lin, mt * P * 4, false},
@@ -62,6 +62,7 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"norm_out_part", w.norm_out_part, mt * 2 * d.Ch * 4, false},
       {"norm_in", w.norm_in, 2 * d.C * 4, false}, {"norm_out", w.norm_out, 2 * d.Ch * 4, false}};
   b.insert(b.end(), more.begin(), more.end());
+  if (w.dgate) b.push_back({"dgate", w.dgate, M * d.C * 2, false});
   return b;
 }
 
@@ -129,22 +130,49 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
       EXPECT_EQ(covered, static_cast<int64_t>(saved_bytes)) << mode;
       EXPECT_EQ(w.saved_bytes, saved_bytes);
     }
-    if (is_backward(plan)) {  // the split-K chunks cover every pixel row once, in k-step multiples
+    if (is_backward(plan)) {  // the split-K chunks cover every pixel row once, in row-tile multiples
       for (const WgradSplit& s : {w.split_in, w.split_in_lo, w.split_out}) {
-        EXPECT_EQ(s.chunk % GemmConfig::kBlockK, 0);
+        EXPECT_EQ(s.chunk % GemmConfig::kBlockM, 0);
         EXPECT_GE(s.chunk * s.parts, d.M());
         EXPECT_LT((s.parts - 1) * s.chunk, d.M());
       }
+      // the tail's chunks: whole split-K chunks of both dW_in products (or every pixel), and
+      // dgate exactly when dlin holds fewer rows than the pixels
+      EXPECT_EQ(w.split_in_lo.chunk, w.split_in.chunk);
+      EXPECT_TRUE(w.tail_rows == d.M() || w.tail_rows % w.split_in.chunk == 0);
+      EXPECT_EQ(w.dgate != nullptr, w.tail_rows < d.M());
+      if (d.C > GemmConfig::kBlockN) EXPECT_EQ(w.tail_rows, d.M());
     }
   }
 }
 
-// Saving moves the saved set out of the workspaces: each shrinks.
+// Saving moves the saved set out of the workspaces: each shrinks. The recomputing (low-memory)
+// backward holds the saved set itself, and dlin for one chunk of the tail with dgate beside it.
 TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
-  const Dims d{1, 100, 104, 128, 128};
-  EXPECT_LT(plan_forward(d, nullptr, true, nullptr).bytes, plan_forward(d, nullptr, false, nullptr).bytes);
-  EXPECT_EQ(plan_backward(d, nullptr, true, nullptr).bytes + saved_size(d),
-            plan_backward(d, nullptr, false, nullptr).bytes);
+  for (int64_t N : {7, 100}) {
+    const Dims d{1, N, (N + 7) / 8 * 8, 128, 128};
+    EXPECT_LT(plan_forward(d, nullptr, true, nullptr).bytes, plan_forward(d, nullptr, false, nullptr).bytes);
+    const Workspace saving = plan_backward(d, nullptr, true, nullptr);
+    const Workspace low = plan_backward(d, nullptr, false, nullptr);
+    EXPECT_EQ(saving.tail_rows, d.M());
+    const int64_t dlin_saved = (d.M() - low.tail_rows) * d.dlin_cols() * 2 - (low.tail_rows < d.M() ? d.M() * d.C * 2 : 0);
+    EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)), static_cast<double>(low.bytes + dlin_saved),
+                2 * 256.0);  // alignment of the buffers around dlin
+    if (N == 100) EXPECT_LT(low.tail_rows, d.M());
+  }
+}
+
+// The low-memory backward's tail holds dlin for about 1/kTailChunks of the pixels at large N:
+// the workspace shrinks by most of dlin's (P + 4Ch) bf16 a pixel.
+TEST(TrimulWorkspaceSizes, TailChunksHoldAFractionOfDlin) {
+  const Dims d{1, 768, 768, 128, 128};
+  const Workspace w = plan_backward(d, nullptr, false, nullptr);
+  EXPECT_LE(w.tail_rows * kTailChunks, d.M() + kTailChunks * w.split_in.chunk);
+  EXPECT_LT(w.tail_rows, d.M() / 4);
+  // it holds the saved set itself, and still needs less than the saving backward's workspace
+  // plus the saved set by two thirds of a whole dlin
+  const size_t full_dlin = static_cast<size_t>(d.M() * d.dlin_cols() * 2);
+  EXPECT_LT(w.bytes + full_dlin * 2 / 3, plan_backward(d, nullptr, true, nullptr).bytes + saved_size(d));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, TrimulWorkspace,
