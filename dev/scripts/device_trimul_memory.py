@@ -2,14 +2,16 @@
 backward through the Python op (outgoing, C = Ch = 128, bf16, the bench's inputs), with
 low_memory off (the forward saves, the backward reads the saved set) and on (nothing saved, the
 backward recomputes and runs its tail over pixel chunks). Peak: torch.cuda.max_memory_allocated
-over one step, less what was allocated before it; time: CUDA events over back-to-back steps.
-Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_trimul_memory.py
+over one step, less what was allocated before it; time: CUDA events over back-to-back steps after
+3 more warm-ups (device_py_overhead.queued_ms).
+Usage: TPF_LIBRARY=... PYTHONPATH=python:dev/scripts python3 dev/scripts/device_trimul_memory.py
        [--n 768,2048,4096] [--label NAME]"""
 
 import argparse
 
 import torch
 import turbopairformer as tpf
+from device_py_overhead import queued_ms  # (scripts/ is on the path when run)
 from turbopairformer.bench import TRIMUL_WEIGHTS, trimul_inputs
 
 
@@ -30,14 +32,7 @@ def measure(N, low):
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     del grads
-    iters = 3 if N >= 4096 else 10
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        step()
-    b.record()
-    b.synchronize()
-    return peak, a.elapsed_time(b) / iters
+    return peak, queued_ms(step, 3 if N >= 4096 else 10)
 
 
 def main():
