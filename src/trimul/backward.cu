@@ -74,7 +74,8 @@ cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operan
 cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
   const Dims& d = p.d;
   const int64_t M = d.M(), P = d.proj_cols(), PL = d.dlin_cols();
-  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin, px.r0};
+  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin),
+                                      ws.colsum_lin, px.r0};
   cudaError_t e;
   if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
                                                      {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s)) !=
@@ -97,7 +98,8 @@ cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRang
       return e;
   } else {  // one chunk (workspace.h's tail_rows): the row kernel takes every pixel
     const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
-    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) != cudaSuccess ||
+    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) !=
+            cudaSuccess ||
         (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
       return e;
   }

@@ -44,9 +44,9 @@ constexpr int kWgradTargetBlocks = 528;  // 4 x 132 SMs
 constexpr int kWgradMinRows = 1024;      // below this a chunk's epilogue would dominate
 
 // The low-memory backward's tail (input projection backward, d xhat_in with LayerNorm_in's
-// backward and dW_in) runs over about this many chunks of pixel rows, each a whole number of dW_in's split-K
-// chunks, so that dlin ((P + 4Ch) bf16 a pixel, 2.3 KB at C = Ch = 128, the workspace's largest
-// buffer) is held for one chunk at a time instead of all N² pixels.
+// backward and dW_in) runs over about this many chunks of pixel rows, each a whole number of
+// dW_in's split-K chunks, so that dlin ((P + 4Ch) bf16 a pixel, 2.3 KB at C = Ch = 128, the
+// workspace's largest buffer) is held for one chunk at a time instead of all N² pixels.
 constexpr int kTailChunks = 8;
 
 // Row kernels (LayerNorm forward/backward): one warp per row of <= 256 channels; 8 warps per

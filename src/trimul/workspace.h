@@ -28,8 +28,8 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
 }
 
 // Pixel rows of one chunk of the low-memory backward's tail (kTailChunks, whole split-K chunks
-// of dW_in), or M: one chunk. The tail is chunked where LayerNorm_in's backward runs in the d xhat_in
-// product's epilogue (C <= one tile), since the row kernel's fp32 d xhat would alias da.
+// of dW_in), or M: one chunk. The tail is chunked where LayerNorm_in's backward runs in the
+// d xhat_in product's epilogue (C <= one tile), since the row kernel's fp32 d xhat aliases da.
 inline int64_t tail_rows(const Dims& d, const WgradSplit& split_in) {
   if (d.C > GemmConfig::kBlockN) return d.M();
   const int64_t per = (split_in.parts + kTailChunks - 1) / kTailChunks;
@@ -65,8 +65,9 @@ struct Workspace {
   // Backward only.
   void *wcat_raw = nullptr, *wz_raw = nullptr;  // bf16 unfolded weights ([P + 4Ch][C], [2C][Ch]: kernels.h)
   void* dy = nullptr;                           // [M][2C] bf16: dy's high parts, then its low parts
-  void* dlin = nullptr;                         // [tail_rows][P + 4Ch]: all P = 4Ch + C columns, then the a/b columns' low parts
-  void* dgate = nullptr;                        // [M][C] bf16: dlin's gate columns for every pixel, when dlin holds a chunk
+  // dlin [tail_rows][P + 4Ch]: all P = 4Ch + C columns, then the a/b columns' low parts; dgate
+  // [M][C]: the gate columns for every pixel, when dlin holds a chunk of the tail (else null)
+  void *dlin = nullptr, *dgate = nullptr;
   int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16

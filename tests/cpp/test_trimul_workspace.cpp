@@ -155,7 +155,8 @@ TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
     const Workspace saving = plan_backward(d, nullptr, true, nullptr);
     const Workspace low = plan_backward(d, nullptr, false, nullptr);
     EXPECT_EQ(saving.tail_rows, d.M());
-    const int64_t dlin_saved = (d.M() - low.tail_rows) * d.dlin_cols() * 2 - (low.tail_rows < d.M() ? d.M() * d.C * 2 : 0);
+    const int64_t dgate = low.tail_rows < d.M() ? d.M() * d.C * 2 : 0;
+    const int64_t dlin_saved = (d.M() - low.tail_rows) * d.dlin_cols() * 2 - dgate;
     EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)), static_cast<double>(low.bytes + dlin_saved),
                 2 * 256.0);  // alignment of the buffers around dlin
     if (N == 100) EXPECT_LT(low.tail_rows, d.M());
