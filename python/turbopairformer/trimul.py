@@ -175,7 +175,9 @@ def triangle_multiplicative_update(
     backward needs (~2.3 KB per pair at C = Ch = 128) so that the backward does not recompute
     the forward; under torch.no_grad() (or with nothing requiring grad) it keeps nothing.
     low_memory=True keeps nothing in training too: the backward then recomputes the forward
-    (slower, and its triangle product takes bf16 operands), for crops where memory binds."""
+    (its triangle product takes bf16 operands) and walks its last stages in pixel chunks, for
+    crops where memory binds: on an H200 the peak of one forward + backward falls from 3.6 to
+    2.7 GiB at N = 768 and from 101 to 74 GiB at N = 4096, for 44% / 28% more time (README)."""
     if direction not in _DIRECTIONS:
         raise ValueError(
             f"turbopairformer: argument 'direction': expected 'outgoing' or "
