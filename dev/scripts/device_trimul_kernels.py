@@ -1,6 +1,7 @@
 """On the GPU machine: the CUDA kernels of one training call (forward + backward) of the triangle
 multiplicative update through the Python front end, in launch order, with each triangle product's
-TFLOP/s (2 N^3 Ch per product; the products are the wgmma GEMMs whose grid's z is B Ch).
+TFLOP/s as if a product (2 N^3 Ch) beside every wgmma GEMM with a store epilogue: the products
+and the split-K weight gradients, told apart by their templates and times.
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_trimul_kernels.py
        [--n 768,2048] [--c 128] [--direction outgoing|incoming] [--label NAME]"""
 
@@ -9,8 +10,8 @@ import re
 
 import torch
 import turbopairformer as tpf
-from torch.profiler import ProfilerActivity, profile
 from turbopairformer.bench import TRIMUL_WEIGHTS, trimul_inputs
+from turbopairformer.bench_pairformer import profiled
 
 
 def short(name):
@@ -31,13 +32,7 @@ def kernels(N, C, direction, reps=3):
         out = tpf.triangle_multiplicative_update(x, direction, mask, **w)
         torch.autograd.grad(out, leaves, dout)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            step()
-        torch.cuda.synchronize()
+    prof = profiled(step, reps, warmups=3)
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     per = len(evs) // reps
     rows = []

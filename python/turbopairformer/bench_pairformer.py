@@ -173,7 +173,7 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     with torch.no_grad():
         rs, rz = ref(s, z, sm, pm)
     v = sm[0].bool()
-    rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()  # noqa: E731
+    rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()
     row["z_rel_err_vs_fp32"] = rel(zo.detach()[:, v][:, :, v], rz[:, v][:, :, v])
     row["s_rel_err_vs_fp32"] = rel(so.detach()[:, v], rs[:, v])
     return row
@@ -400,17 +400,24 @@ def _part(blk, part, transposed_end):
     return mod
 
 
-def _kernel_ms(step, steps=3):
-    """CUDA kernel time per step from torch.profiler: (ours, everything else, the top kernels as
-    (name, ms per step, calls per step))."""
+def profiled(step, steps, warmups=1):
+    """torch.profiler's record (CUDA activity) of `steps` calls of step after `warmups` more."""
     from torch.profiler import ProfilerActivity, profile
 
-    step()
+    for _ in range(warmups):
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    return prof
+
+
+def _kernel_ms(step, steps=3):
+    """CUDA kernel time per step from torch.profiler: (ours, everything else, the top kernels as
+    (name, ms per step, calls per step))."""
+    prof = profiled(step, steps)
     rows = [
         (e.key, e.device_time_total / 1e3 / steps, e.count / steps)
         for e in prof.key_averages()
