@@ -59,12 +59,8 @@ struct ProjectEpilogue {
   // writes (8 channels) fall in distinct banks.
   __device__ static int cm_chunk(int i, int k) { return i * Cfg::kBlockM * 2 + ((k ^ (i & 7)) << 4); }  // bytes
 
-  // The a/b tiles' fragment path stages at most 32 KB from the tile's start (gemm_walk_kernel).
-  __device__ bool fits_first_stage(int n0) const { return n0 < 4 * d.Ch && d.N % 8 == 0; }
-  static_assert(2 * 64 * Cfg::kBlockM * 2 <= 2 * Cfg::kBlockM * Cfg::kBlockK * 2, "both copies in one stage");
-
   __device__ bool fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
-    if (!fits_first_stage(n0)) return false;
+    if (n0 >= 4 * d.Ch || d.N % 8 != 0) return false;
     const int64_t M = d.M(), plane = d.plane();
     const int Ch = static_cast<int>(d.Ch), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     float* mk = t.scratch;  // [128] the tile's pixel masks

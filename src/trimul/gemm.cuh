@@ -387,54 +387,6 @@ __device__ __forceinline__ void stage_accumulators(const Epi& epi, const EpiTile
   __syncthreads();
 }
 
-// One k-step tile of MMAs: the warp's [64 x 32] accumulators += A[its rows] B[its columns]ᵀ
-// over the stage's 64 k (four k16 steps).
-template <class T, Major AM, Major BMJ>
-__device__ __forceinline__ void mma_k_tile(AccFragments& acc, const T* ta, const T* tb, int wm, int wn) {
-#pragma unroll
-  for (int ks = 0; ks < Cfg::kBlockK / 16; ++ks) {
-    uint32_t af[kFragMi][4];      // A fragments: [m16 tile][m16k16 registers]
-    uint32_t bf[kFragNi / 2][4];  // B fragments: [pair of n8 tiles][b0, b1 of each]
-#pragma unroll
-    for (int mi = 0; mi < kFragMi; ++mi) detail::load_a<AM>(af[mi], ta, wm + mi * 16, ks);
-#pragma unroll
-    for (int np = 0; np < kFragNi / 2; ++np) detail::load_b<BMJ>(bf[np], tb, wn + np * 16, ks);
-#pragma unroll
-    for (int mi = 0; mi < kFragMi; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kFragNi; ++ni)
-        dev::MmaOp<T>::run(acc[mi][ni], af[mi], bf[ni / 2][(ni & 1) * 2], bf[ni / 2][(ni & 1) * 2 + 1]);
-  }
-}
-
-// The finished accumulators to the epilogue: from registers (fragments()), else staged as the
-// fp32 tile in shared memory for operator().
-template <class Epi>
-__device__ __forceinline__ void run_epilogue(const Epi& epi, const EpiTile& tile, const AccFragments& acc, int wm,
-                                             int wn, int64_t m0, int n0, int z) {
-  if constexpr (fragments_only<Epi>()) {
-    epi.fragments(tile, acc, wm, wn, m0, n0);
-  } else {
-    if constexpr (HasFragmentEpilogue<Epi>::value) {
-      if (epi.fragments(tile, acc, wm, wn, m0, n0)) return;
-    }
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    stage_accumulators(epi, tile, n0, [&](auto&& at) {
-#pragma unroll
-      for (int mi = 0; mi < kFragMi; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kFragNi; ++ni) {
-          const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
-          at(r, n) = acc[mi][ni][0];
-          at(r, n + 1) = acc[mi][ni][1];
-          at(r + 8, n) = acc[mi][ni][2];
-          at(r + 8, n + 1) = acc[mi][ni][3];
-        }
-    });
-    epi(tile, m0, n0, z);
-  }
-}
-
 template <class T, Major AM, Major BMJ, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 2)
     gemm_kernel(const Operand A, const Operand B, const GemmShape s, const Epi epi) {
@@ -443,10 +395,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   const int64_t m0 = bt.m0, k_begin = bt.k_begin;
   const int n0 = bt.n0, z = bt.z, nk = bt.nk;
   const StageLoader<T, AM, BMJ, false> ld(smem, A, B, s, bt);
+  auto stage_a = [&](int st) { return ld.stage_a(st); };
+  auto stage_b = [&](int st) { return ld.stage_b(st); };
+  auto load = [&](int st, int64_t k0) { ld.load(st, k0); };
 
   const int warp = threadIdx.x >> 5;
   const int wm = (warp / Cfg::kWarpsN) * Cfg::kWarpTileM;  // warp's first row in the tile
   const int wn = (warp % Cfg::kWarpsN) * Cfg::kWarpTileN;  // and first column
+  constexpr int kMi = kFragMi, kNi = kFragNi;
   AccFragments acc = {};  // [m16 tile][n8 tile][C fragment]
 
   bool prefetched = false;
@@ -456,79 +412,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
   }
 #pragma unroll
   for (int st = 0; st < Cfg::kStages - 1; ++st) {
-    if (st < nk) ld.load(st, k_begin + int64_t(st) * Cfg::kBlockK);
+    if (st < nk) load(st, k_begin + int64_t(st) * Cfg::kBlockK);
     dev::cp_async_commit();
   }
   for (int kt = 0; kt < nk; ++kt) {
     dev::cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();
     const int pre = kt + Cfg::kStages - 1;
-    if (pre < nk) ld.load(pre % Cfg::kStages, k_begin + int64_t(pre) * Cfg::kBlockK);
+    if (pre < nk) load(pre % Cfg::kStages, k_begin + int64_t(pre) * Cfg::kBlockK);
     dev::cp_async_commit();
-    mma_k_tile<T, AM, BMJ>(acc, ld.stage_a(kt % Cfg::kStages), ld.stage_b(kt % Cfg::kStages), wm, wn);
+    const T* ta = stage_a(kt % Cfg::kStages);
+    const T* tb = stage_b(kt % Cfg::kStages);
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kBlockK / 16; ++ks) {
+      uint32_t af[kMi][4];      // A fragments: [m16 tile][m16k16 registers]
+      uint32_t bf[kNi / 2][4];  // B fragments: [pair of n8 tiles][b0, b1 of each]
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) detail::load_a<AM>(af[mi], ta, wm + mi * 16, ks);
+#pragma unroll
+      for (int np = 0; np < kNi / 2; ++np) detail::load_b<BMJ>(bf[np], tb, wn + np * 16, ks);
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni)
+          dev::MmaOp<T>::run(acc[mi][ni], af[mi], bf[ni / 2][(ni & 1) * 2], bf[ni / 2][(ni & 1) * 2 + 1]);
+    }
   }
   dev::cp_async_wait<0>();
   __syncthreads();
-  run_epilogue(epi, epi_tile(smem, prefetched), acc, wm, wn, m0, n0, z);
-}
 
-// Short-K products (K <= 2 k-steps, no batches or split) whose epilogue keeps to the first
-// operand stage's bytes for some column tiles, by defining `bool fits_first_stage(int n0)`: one
-// block owns a column tile and walks kShortKWalkTiles row tiles, its B tile loaded once and the
-// next row tile's A loaded while this tile's epilogue runs (the one-tile kernel is latency-bound:
-// its loads, MMAs and epilogue stores follow each other with two blocks an SM). Shared memory
-// holds the same three stages' bytes: [staging | B k-steps 0, 1 | A k-steps 0, 1]. Tiles whose
-// epilogue needs more (a staged fp32 tile) reload both operands after it, as the one-tile kernel.
-template <class Epi, class = void>
-struct HasFirstStageFit : std::false_type {};
-template <class Epi>
-struct HasFirstStageFit<Epi, std::void_t<decltype(std::declval<const Epi&>().fits_first_stage(0))>>
-    : std::true_type {};
-
-template <class T, Major AM, Major BMJ, class Epi>
-__global__ void __launch_bounds__(Cfg::kThreads, 2)
-    gemm_walk_kernel(const Operand A, const Operand B, const GemmShape s, const Epi epi) {
-  static_assert(!HasPrefetch<Epi>::value, "the walk's third stage holds operands, not a prefetch");
-  extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int kTileBytes = detail::kTileElems * 2;  // one operand's k-step tile: 16 KB
-  auto b_tile = [&](int ks) { return reinterpret_cast<T*>(smem + kStageBytes + ks * kTileBytes); };
-  auto a_tile = [&](int ks) { return reinterpret_cast<T*>(smem + 2 * kStageBytes + ks * kTileBytes); };
-  // Everything but the tile counter is recomputed from the launch where it is used, so that
-  // nothing else stays live across the epilogue (which takes every register the one-tile
-  // kernel has).
-  auto n0 = [&] { return static_cast<int>(blockIdx.x % ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)) * Cfg::kBlockN; };
-  auto m0_of = [&](int i) {
-    const int64_t group = blockIdx.x / ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN);
-    return s.m_begin + (group * kShortKWalkTiles + i) * Cfg::kBlockM;
-  };
-  constexpr int nk = 2;  // K <= 2 kBlockK; a shorter K's second k-step loads zeros
-  auto load = [&](int i, bool with_b) {  // loaders built per call: nothing held across tiles
-    const detail::TileLoader<AM, T> la(static_cast<const T*>(A.ptr), A, m0_of(i));
-    for (int ks = 0; ks < nk; ++ks) la.load(a_tile(ks), int64_t(ks) * Cfg::kBlockK);
-    if (with_b) {
-      const detail::TileLoader<BMJ, T> lb(static_cast<const T*>(B.ptr), B, n0());
-      for (int ks = 0; ks < nk; ++ks) lb.load(b_tile(ks), int64_t(ks) * Cfg::kBlockK);
+  const EpiTile tile = epi_tile(smem, prefetched);
+  if constexpr (fragments_only<Epi>()) {
+    epi.fragments(tile, acc, wm, wn, m0, n0);
+  } else {
+    if constexpr (HasFragmentEpilogue<Epi>::value) {
+      if (epi.fragments(tile, acc, wm, wn, m0, n0)) return;
     }
-    dev::cp_async_commit();
-  };
-  auto warp_m = [] { return (static_cast<int>(threadIdx.x >> 5) / Cfg::kWarpsN) * Cfg::kWarpTileM; };
-  auto warp_n = [] { return (static_cast<int>(threadIdx.x >> 5) % Cfg::kWarpsN) * Cfg::kWarpTileN; };
-
-  const int walk = static_cast<int>(min(int64_t{kShortKWalkTiles}, (s.M - m0_of(0) + Cfg::kBlockM - 1) / Cfg::kBlockM));
-  if (walk > 0) load(0, true);
-  for (int i = 0; i < walk; ++i) {
-    dev::cp_async_wait<0>();
-    __syncthreads();  // this tile's operands landed; the last epilogue is done with shared memory
-    AccFragments acc = {};  // [m16 tile][n8 tile][C fragment]
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    stage_accumulators(epi, tile, n0, [&](auto&& at) {
 #pragma unroll
-    for (int ks = 0; ks < nk; ++ks) mma_k_tile<T, AM, BMJ>(acc, a_tile(ks), b_tile(ks), warp_m(), warp_n());
-    __syncthreads();  // every warp is done reading A
-    if (i + 1 < walk && epi.fits_first_stage(n0())) load(i + 1, false);
-    run_epilogue(epi, epi_tile(smem, false), acc, warp_m(), warp_n(), m0_of(i), n0(), 0);
-    if (i + 1 < walk && !epi.fits_first_stage(n0())) {
-      __syncthreads();  // the staged tile covered the operands: reload both
-      load(i + 1, true);
-    }
+      for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni) {
+          const int r = wm + mi * 16 + g, n = wn + ni * 8 + 2 * t;
+          at(r, n) = acc[mi][ni][0];
+          at(r, n + 1) = acc[mi][ni][1];
+          at(r + 8, n) = acc[mi][ni][2];
+          at(r + 8, n + 1) = acc[mi][ni][3];
+        }
+    });
+    epi(tile, m0, n0, z);
   }
 }
 
@@ -544,22 +477,10 @@ cudaError_t launch_tiles(void (*kernel)(Operand, Operand, GemmShape, Epi), int s
   return cudaGetLastError();
 }
 
-// Launches C = A Bᵀ over `batches` matrices (or split-K chunks when s.k_chunk != 0); a short,
-// unbatched product whose epilogue fits the first stage walks row tiles (gemm_walk_kernel).
+// Launches C = A Bᵀ over `batches` matrices (or split-K chunks when s.k_chunk != 0).
 template <class T, Major AM, Major BMJ, class Epi>
 cudaError_t launch_gemm(const Operand& A, const Operand& B, const GemmShape& s, int batches,
                         const Epi& epi, cudaStream_t stream) {
-  if constexpr (HasFirstStageFit<Epi>::value) {
-    if (batches == 1 && s.k_chunk == 0 && s.K <= 2 * Cfg::kBlockK) {
-      const auto kernel = gemm_walk_kernel<T, AM, BMJ, Epi>;
-      if (const cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kGemmSmemBytes); e != cudaSuccess) return e;
-      const int64_t m_tiles = (s.M - s.m_begin + Cfg::kBlockM - 1) / Cfg::kBlockM;
-      const int64_t groups = (m_tiles + kShortKWalkTiles - 1) / kShortKWalkTiles;
-      const dim3 grid(static_cast<unsigned>(groups * ((s.N + Cfg::kBlockN - 1) / Cfg::kBlockN)));
-      kernel<<<grid, Cfg::kThreads, kGemmSmemBytes, stream>>>(A, B, s, epi);
-      return cudaGetLastError();
-    }
-  }
   return launch_tiles<Epi>(gemm_kernel<T, AM, BMJ, Epi>, kGemmSmemBytes, A, B, s, batches, epi, stream);
 }
 

@@ -37,12 +37,6 @@ struct GemmConfig {
 // the mma.sync main loop like the short-K products, whose time is their epilogues'.
 constexpr bool kLongKWgmma = true;
 
-// Short-K products whose epilogue fits the first operand stage walk this many row tiles per
-// block (gemm.cuh, gemm_walk_kernel): enough to hide each next tile's loads behind an epilogue,
-// few enough that the input projection at N = 768 (4608 row tiles x 5 column tiles) still
-// launches ~11 waves of two blocks per SM, so the last wave's tail stays short.
-constexpr int kShortKWalkTiles = 8;
-
 // Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of
 // this many rows so that ~4 waves of blocks cover the few output tiles; partials are then
 // summed in chunk order (bitwise deterministic, no atomics).
