@@ -49,62 +49,68 @@ struct ProjectEpilogue {
   __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
 
   // The a/b tiles when N % 8 == 0 (no row pads; 8 pixels from a multiple of 8 lie in one matrix
-  // row), from registers: each thread forms a = sigmoid(g) p mask for its fragment (both logits
-  // of a channel sit in one thread, dlin_order.h), stmatrix transposes each 8 pixel x 8 channel
-  // block as 16-bit values into shared memory, and lanes store 8 pixels of a channel (16 bytes)
-  // at a time, a half-warp per channel's 128 pixels (no faster than staging the fp32 tile: the
-  // kernel is latency-bound). The output-gate tile and other N take the staged path.
+  // row), from wgmma's accumulators (gemm_wgmma.cuh): the warp holds 16 pixel rows from row0 and
+  // the tile's 64 channels, both logits of channel 4i + t in one thread (acc[4i + 2h], the
+  // projection, and acc[4i + 2h + 1], the gate, at pixel row row0 + g + 8h; dlin_order.h). Each
+  // thread forms a = sigmoid(g) p mask, stmatrix transposes each 8 pixel x 8 channel block as
+  // 16-bit values into shared memory, and lanes store 8 pixels of a channel (16 bytes) at a time,
+  // a half-warp per channel's 128 pixels. The output-gate tile and other N take the staged path.
   // Shared memory: [64 channels][128 pixels] of T, then the same of bf16 for the copy; the
   // 16-byte chunk k of channel i's row sits at k ^ (i % 8), so that the eight rows one stmatrix
   // writes (8 channels) fall in distinct banks.
   __device__ static int cm_chunk(int i, int k) { return i * Cfg::kBlockM * 2 + ((k ^ (i & 7)) << 4); }  // bytes
+  static constexpr int kCopyAt = 64 * Cfg::kBlockM * 2;  // bytes: the bf16 copy's tile
 
-  __device__ bool fragments(const EpiTile& t, const AccFragments& acc, int wm, int wn, int64_t m0, int n0) const {
+  __device__ bool wgmma_fragments(const EpiTile& t, const float (&acc)[64], int row0, int64_t m0, int n0,
+                                  int) const {
     if (n0 >= 4 * d.Ch || d.N % 8 != 0) return false;
-    const int64_t M = d.M(), plane = d.plane();
-    const int Ch = static_cast<int>(d.Ch), lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    float* mk = t.scratch;  // [128] the tile's pixel masks
+    const int64_t M = d.M();
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    float* mk = t.scratch;                   // [128] the tile's pixel masks
+    float* bs = t.scratch + Cfg::kBlockM;    // [128] its biases, by column
     if (threadIdx.x < Cfg::kBlockM) {
       const int64_t m = m0 + threadIdx.x;
       mk[threadIdx.x] = m < M ? mask_at(mask, m, d.N) : 0.f;
       if (threadIdx.x % 8 == 0) t.rows[threadIdx.x] = m < M ? cm_offset(d, m, 0) : 0;
+    } else {
+      bs[threadIdx.x - Cfg::kBlockM] = bias[n0 + threadIdx.x - Cfg::kBlockM];  // a/b tiles: all in range
     }
     __syncthreads();
-    float bp[kFragNi], bg[kFragNi];  // [n8 tile] this thread's channels' projection and gate biases
-#pragma unroll
-    for (int n = 0; n < kFragNi; ++n) {
-      const int i = wn / 2 + 4 * n + tq;
-      bp[n] = bias[n0 + 2 * i];
-      bg[n] = bias[n0 + 2 * i + 1];
-    }
-    constexpr int kCopyAt = 64 * Cfg::kBlockM * 2;  // bytes: the bf16 copy's tile
-    uint8_t* stage = reinterpret_cast<uint8_t*>(t.c);
-    const uint32_t s16 = dev::smem_addr(stage);
-    // This lane's stmatrix row: matrix mx = 2 h + k holds n8 tiles 2k, 2k + 1 at pixel rows + 8h;
-    // its transpose's row j is channel wn / 2 + 8k + 4 (j % 2) + j / 2.
+    const uint32_t s16 = dev::smem_addr(t.c);
+    const float mr[2] = {mk[row0 + g], mk[row0 + 8 + g]};  // [h]
+    // This lane's stmatrix row: matrix mx = 2 h + k holds channels 16q + 8k + {t, 4 + t} at pixel
+    // rows row0 + 8h; its transpose's row j is channel 16q + 8k + 4 (j % 2) + j / 2.
     const int mx = lane >> 3, j = lane & 7;
-    const int st_ch = wn / 2 + 8 * (mx & 1) + 4 * (j & 1) + (j >> 1);
+    const int st_ch = 8 * (mx & 1) + 4 * (j & 1) + (j >> 1), chunk = row0 / 8 + (mx >> 1);
 #pragma unroll
-    for (int mi = 0; mi < kFragMi; ++mi) {
+    for (int q = 0; q < 4; ++q) {
       uint32_t v16[4], vbf[4];  // [2h + k] two channels' a at one pixel, packed
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float mr = mk[wm + 16 * mi + 8 * h + g];
-        float v[kFragNi];  // [n8 tile]
-#pragma unroll
-        for (int n = 0; n < kFragNi; ++n)
-          v[n] = sigmoid(acc[mi][n][2 * h + 1] + bg[n]) * (acc[mi][n][2 * h] + bp[n]) * mr;
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          v16[2 * h + k] = dev::MmaOp<T>::pack(v[2 * k], v[2 * k + 1]);
-          vbf[2 * h + k] = dev::MmaOp<__nv_bfloat16>::pack(v[2 * k], v[2 * k + 1]);
+          float v[2];  // [e] channel 16q + 8k + 4e + t
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * q + 2 * k + e, c = 8 * i + 2 * tq;  // n8 tile, the channel's first column
+            v[e] = sigmoid(acc[4 * i + 2 * h + 1] + bs[c + 1]) * (acc[4 * i + 2 * h] + bs[c]) * mr[h];
+          }
+          v16[2 * h + k] = dev::MmaOp<T>::pack(v[0], v[1]);
+          vbf[2 * h + k] = dev::MmaOp<__nv_bfloat16>::pack(v[0], v[1]);
         }
-      }
-      const int chunk = (wm + 16 * mi) / 8 + (mx >> 1);
-      dev::stmatrix_x4_trans(s16 + cm_chunk(st_ch, chunk), v16);
-      if (a_bf) dev::stmatrix_x4_trans(s16 + kCopyAt + cm_chunk(st_ch, chunk), vbf);
+      dev::stmatrix_x4_trans(s16 + cm_chunk(16 * q + st_ch, chunk), v16);
+      if (a_bf) dev::stmatrix_x4_trans(s16 + kCopyAt + cm_chunk(16 * q + st_ch, chunk), vbf);
     }
     __syncthreads();
+    store_ab(t, m0, n0);
+    return true;
+  }
+
+  // The staged [64 channels][128 pixels] tiles to a, b (and the copies), 16 bytes a store.
+  __device__ void store_ab(const EpiTile& t, int64_t m0, int n0) const {
+    const int64_t M = d.M(), plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch);
+    const uint8_t* stage = reinterpret_cast<const uint8_t*>(t.c);
     constexpr int kChunks = 64 * Cfg::kBlockM / 8;  // 16-byte chunks of the 64-channel tile
 #pragma unroll
     for (int q = threadIdx.x; q < kChunks; q += Cfg::kThreads) {
@@ -116,7 +122,6 @@ struct ProjectEpilogue {
         *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) =
             *reinterpret_cast<const uint4*>(stage + kCopyAt + cm_chunk(i, k));
     }
-    return true;
   }
 
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {

@@ -43,6 +43,16 @@ template <class Epi>
 struct HasWgmmaFragments<Epi, std::void_t<decltype(std::declval<const Epi&>().wgmma_fragments(
                                   std::declval<const float (&)[64]>(), 0, int64_t{0}, 0, 0))>> : std::true_type {};
 
+// Or, by defining `bool wgmma_fragments(const EpiTile&, const float (&acc)[64], int row0,
+// int64_t m0, int n0, int z)`, stage what it needs in the tile's shared memory itself; false
+// (uniform over the block, before it touches shared memory) hands the tile to the staged path.
+template <class Epi, class = void>
+struct HasWgmmaTileFragments : std::false_type {};
+template <class Epi>
+struct HasWgmmaTileFragments<Epi, std::void_t<decltype(std::declval<const Epi&>().wgmma_fragments(
+                                      std::declval<const EpiTile&>(), std::declval<const float (&)[64]>(), 0,
+                                      int64_t{0}, 0, 0))>> : std::true_type {};
+
 // One more KB than the mma.sync kernel: the stages start on a 1024-byte boundary (the swizzle
 // pattern's period), wherever the dynamic shared window begins.
 constexpr int kWgmmaSmemBytes = kGemmSmemBytes + 1024;
@@ -90,6 +100,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
     epi.wgmma_fragments(acc, 64 * wg + 16 * w, bt.m0, bt.n0, bt.z);
   } else {
     const EpiTile tile = epi_tile(smem, false);
+    if constexpr (HasWgmmaTileFragments<Epi>::value) {
+      if (epi.wgmma_fragments(tile, acc, 64 * wg + 16 * w, bt.m0, bt.n0, bt.z)) return;
+    }
     stage_accumulators(epi, tile, bt.n0, [&](auto&& at) {
 #pragma unroll
       for (int i = 0; i < Cfg::kBlockN / 8; ++i) {

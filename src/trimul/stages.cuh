@@ -39,10 +39,10 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
                            static_cast<__nv_bfloat16*>(kForward ? ws.b_bf : nullptr),
                            static_cast<__half*>(kForward ? ws.gate : nullptr),
                            static_cast<__half*>(ws.logit)};
-  return launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
-                                                   weight_rows(ws.wcat, d.proj_cols(), d.C),
-                                                   {d.M(), static_cast<int>(d.proj_cols()), d.C, 0},
-                                                   1, epi, s);
+  return launch_gemm_wgmma<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
+                                                         weight_rows(ws.wcat, d.proj_cols(), d.C),
+                                                         {d.M(), static_cast<int>(d.proj_cols()), d.C, 0},
+                                                         1, epi, s);
 }
 
 // A long-K product (4 or more k-steps: the triangle products, K = N; the weight gradients,
