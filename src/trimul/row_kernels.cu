@@ -42,14 +42,14 @@ struct Slot {
 // Normalises a group's row (pixel m) into xhat (and xhat_bf) and writes its statistics where asked.
 // Every lane of the warp must call it (full-warp shuffles); rows past M (in == false) write nothing.
 // kHiLo: xhat_bf rows are [high parts | low parts] ([M][2W], xhat = high + low to ~16 bits).
-template <bool kHiLo>
-__device__ __forceinline__ void normalize_row(const Slot& sl, const float (&v)[kVals], int W, float eps,
+template <bool kHiLo, int kV>
+__device__ __forceinline__ void normalize_row(const Slot& sl, const float (&v)[kV], int W, float eps,
                                               int64_t m, bool in, __half* xhat, __nv_bfloat16* xhat_bf,
                                               float* mean, float* rstd) {
   const float2 st = row_stats(v, W, eps);
   if (!in) return;
 #pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
+  for (int u = 0; u < kV / 4; ++u) {
     if (u >= W / 32) break;
     float y[4];  // [channel] normalised
 #pragma unroll
@@ -68,6 +68,9 @@ __device__ __forceinline__ void normalize_row(const Slot& sl, const float (&v)[k
   if (mean && sl.l8 == 0) mean[m] = st.x, rstd[m] = st.y;
 }
 
+// kU: 4-channel units a lane holds (W <= 32 kU): the registers of W <= 128 rows are what keep
+// enough blocks resident for these bandwidth-bound kernels to have their loads in flight.
+template <int kU>
 __global__ void __launch_bounds__(kRowWarps * 32)
     ln_rows_forward_kernel(PairRef z, Dims d, float eps, __half* xhat, __nv_bfloat16* xhat_bf,
                            float* mean, float* rstd) {
@@ -77,9 +80,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const bool in = m < d.M();
   const auto* src = static_cast<const __nv_bfloat16*>(z.ptr) + (in ? pair_offset(z, m, d.N) : 0);
   const bool vec = aligned8(src);  // a strided view may leave rows unaligned
-  float v[kVals] = {};  // [4u + e] channel sl.channel(u) + e
+  float v[4 * kU] = {};  // [4u + e] channel sl.channel(u) + e
 #pragma unroll
-  for (int u = 0; u < kUnits; ++u)
+  for (int u = 0; u < kU; ++u)
     if (in && u < W / 32) load4(v + 4 * u, src + sl.channel(u), vec);
   normalize_row<true>(sl, v, W, eps, m, in, xhat, xhat_bf, mean, rstd);
 }
@@ -181,14 +184,16 @@ __device__ __forceinline__ void store_channel_major(__nv_bfloat16* dx, const flo
 }
 
 // A group's row (block pixel sl.row) from the tile.
-__device__ __forceinline__ void tile_row(float (&v)[kVals], const float* tile, const Slot& sl, int W) {
+template <int kV>
+__device__ __forceinline__ void tile_row(float (&v)[kV], const float* tile, const Slot& sl, int W) {
 #pragma unroll
-  for (int u = 0; u < kUnits; ++u)
+  for (int u = 0; u < kV / 4; ++u)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       v[4 * u + e] = u < W / 32 ? tile[(sl.channel(u) + e) * kColStride + sl.row] : 0.f;
 }
 
+template <int kU>  // as ln_rows_forward_kernel's
 __global__ void __launch_bounds__(kRowWarps * 32)
     ln_cm_forward_kernel(const __nv_bfloat16* x, Dims d, float eps, __half* xhat,
                          __nv_bfloat16* xhat_bf, float* mean, float* rstd) {
@@ -199,7 +204,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const Slot sl;
   const int64_t m = m0 + sl.row;
   const int W = static_cast<int>(d.Ch);
-  float v[kVals];  // rows past M read the tile's zeros
+  float v[4 * kU];  // rows past M read the tile's zeros
   tile_row(v, tile, sl, W);
   normalize_row<false>(sl, v, W, eps, m, m < d.M(), xhat, xhat_bf, mean, rstd);
 }
@@ -249,16 +254,18 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 
 cudaError_t ln_rows_forward(const Problem& p, void* xhat, void* xhat_bf, float* mean,
                             float* rstd, cudaStream_t s) {
-  ln_rows_forward_kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(
-      p.z, p.d, p.eps, static_cast<__half*>(xhat), static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
+  auto* kernel = p.d.C <= 128 ? ln_rows_forward_kernel<4> : ln_rows_forward_kernel<kUnits>;
+  kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(p.z, p.d, p.eps, static_cast<__half*>(xhat),
+                                                    static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
   return cudaGetLastError();
 }
 
 cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat, void* xhat_bf,
                                      float* mean, float* rstd, cudaStream_t s) {
   const size_t smem = p.d.Ch * kColStride * sizeof(float);
-  if (auto e = allow_smem(ln_cm_forward_kernel, smem); e != cudaSuccess) return e;
-  ln_cm_forward_kernel<<<col_blocks(p.d), kRowWarps * 32, smem, s>>>(
+  auto* kernel = p.d.Ch <= 128 ? ln_cm_forward_kernel<4> : ln_cm_forward_kernel<kUnits>;
+  if (auto e = allow_smem(kernel, smem); e != cudaSuccess) return e;
+  kernel<<<col_blocks(p.d), kRowWarps * 32, smem, s>>>(
       static_cast<const __nv_bfloat16*>(x), p.d, p.eps, static_cast<__half*>(xhat),
       static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
   return cudaGetLastError();
