@@ -3,7 +3,8 @@ multiplicative update through the Python front end, in launch order, with each t
 TFLOP/s as if a product (2 N^3 Ch) beside every wgmma GEMM with a store epilogue: the products
 and the split-K weight gradients, told apart by their templates and times.
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_trimul_kernels.py
-       [--n 768,2048] [--c 128] [--direction outgoing|incoming] [--label NAME]"""
+       [--n 768,2048] [--c 128] [--direction outgoing|incoming] [--label NAME] [--inference]
+--inference: the kernels of one forward under torch.no_grad() (nothing saved) instead."""
 
 import argparse
 import re
@@ -24,11 +25,15 @@ def _us(e):
     return getattr(e, "device_time", None) or e.cuda_time
 
 
-def kernels(N, C, direction, reps=3):
+def kernels(N, C, direction, reps=3, inference=False):
     x, mask, w, dout = trimul_inputs(N, C, 0)
     leaves = [x.requires_grad_(True)] + [w[k].requires_grad_(True) for k in TRIMUL_WEIGHTS]
 
     def step():
+        if inference:
+            with torch.no_grad():
+                tpf.triangle_multiplicative_update(x, direction, mask, **w)
+            return
         out = tpf.triangle_multiplicative_update(x, direction, mask, **w)
         torch.autograd.grad(out, leaves, dout)
 
@@ -48,9 +53,10 @@ def main():
     ap.add_argument("--c", type=int, default=128)
     ap.add_argument("--direction", default="outgoing")
     ap.add_argument("--label", default="")
+    ap.add_argument("--inference", action="store_true")
     a = ap.parse_args()
     for N in (int(v) for v in a.n.split(",")):
-        rows = kernels(N, a.c, a.direction)
+        rows = kernels(N, a.c, a.direction, inference=a.inference)
         flop = 2.0 * N**3 * a.c
         total = sum(t for _, t in rows)
         print(
