@@ -13,27 +13,20 @@ import argparse
 import time
 
 import torch
-from turbopairformer.bench_pairformer import _inputs, _loss, _median_ms, profiled
+from turbopairformer.bench_pairformer import (
+    _inputs,
+    _kernel_ms,
+    _median_ms,
+    _pair_step,
+    block_step,
+    profiled,
+)
 from turbopairformer.pairformer import PairformerBlock
 from turbopairformer.reference import OpenFold3PairFormerBlock
 
 
 def steps(block, s, z, sm, pm):
     s, z = s.detach().requires_grad_(True), z.detach().requires_grad_(True)
-
-    def whole():
-        block.zero_grad(set_to_none=True)
-        s.grad = z.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            so, zo = block(s, z, sm, pm)
-        _loss(so, zo, sm, pm).backward()
-
-    def pair():
-        block.zero_grad(set_to_none=True)
-        z.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            zo = block.pair_stack(z, pm)
-        (zo.float() * pm[..., None]).square().mean().backward()
 
     def single():
         block.zero_grad(set_to_none=True)
@@ -43,17 +36,11 @@ def steps(block, s, z, sm, pm):
             so = so + block.single_transition(so, sm)
         (so.float() * sm[..., None]).square().mean().backward()
 
-    return {"block": whole, "pair": pair, "single": single}
-
-
-def kernel_rows(step, reps=3):
-    prof = profiled(step, reps, warmups=2)
-    rows = [
-        (e.key, e.device_time_total / 1e3 / reps, e.count / reps)
-        for e in prof.key_averages()
-        if e.device_time_total > 0 and e.device_type.name == "CUDA"
-    ]
-    return sorted(rows, key=lambda r: -r[1])
+    return {
+        "block": block_step(block, block, s, z, sm, pm),
+        "pair": _pair_step(block.pair_stack, z, pm),
+        "single": single,
+    }
 
 
 def host_rows(step, reps=3):
@@ -137,9 +124,8 @@ def main():
     summary = []
     for part in a.parts.split(","):
         ms = _median_ms(fns[part], 10)
-        rows = kernel_rows(fns[part])
-        ours = sum(t for k, t, _ in rows if "tpf::" in k)
-        total = sum(t for _, t, _ in rows)
+        ours, rest, rows = _kernel_ms(fns[part])
+        total = ours + rest
         summary.append((part, ms, total, ours))
         print(f"== {part} N={a.n}: {ms:.2f} ms a step; kernels {total:.2f} ms (ours {ours:.2f})")
         for name, t, calls in rows[: a.top]:

@@ -130,6 +130,22 @@ def measure(name, mode, N, weights, iters=10):
     return row
 
 
+def block_step(block, fn, s, z, sm, pm):
+    """One training step of `block` (run as fn: itself or compiled) on leaves s and z: forward
+    under bf16 autocast, the bench's loss, backward. As a training step sees it: gradients
+    assigned, not added to the last step's (in a model z and s are not leaves, and the optimizer
+    sets parameter gradients to None)."""
+
+    def step():
+        block.zero_grad(set_to_none=True)
+        s.grad = z.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            so, zo = fn(s, z, sm, pm)
+        _loss(so, zo, sm, pm).backward()
+
+    return step
+
+
 def _block_case(block_cls, mode, weights, inputs, iters):
     block = block_cls().cuda()
     block.load_state_dict(weights)
@@ -137,16 +153,7 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     fn = torch.compile(block) if mode == "compile" else block
     s, z, sm, pm = inputs
     s, z = s.detach().requires_grad_(True), z.detach().requires_grad_(True)
-
-    def step():
-        # As a training step sees it: gradients assigned, not added to the last step's (in a
-        # model z and s are not leaves, and the optimizer sets parameter gradients to None)
-        block.zero_grad(set_to_none=True)
-        s.grad = z.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            so, zo = fn(s, z, sm, pm)
-        _loss(so, zo, sm, pm).backward()
-
+    step = block_step(block, fn, s, z, sm, pm)
     row = {}
     torch.cuda.synchronize()
     t0 = time.monotonic()
