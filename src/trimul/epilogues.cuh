@@ -54,7 +54,8 @@ struct ProjectEpilogue {
   // projection, and acc[4i + 2h + 1], the gate, at pixel row row0 + g + 8h; dlin_order.h). Each
   // thread forms a = sigmoid(g) p mask, stmatrix transposes each 8 pixel x 8 channel block as
   // 16-bit values into shared memory, and lanes store 8 pixels of a channel (16 bytes) at a time,
-  // a half-warp per channel's 128 pixels. The output-gate tile and other N take the staged path.
+  // a half-warp per channel's 128 pixels. Other N take the staged path; the output-gate tile
+  // goes to gate_fragments().
   // Shared memory: [64 channels][128 pixels] of T, then the same of bf16 for the copy; the
   // 16-byte chunk k of channel i's row sits at k ^ (i % 8), so that the eight rows one stmatrix
   // writes (8 channels) fall in distinct banks.
@@ -63,7 +64,11 @@ struct ProjectEpilogue {
 
   __device__ bool wgmma_fragments(const EpiTile& t, const float (&acc)[64], int row0, int64_t m0, int n0,
                                   int) const {
-    if (n0 >= 4 * d.Ch || d.N % 8 != 0) return false;
+    if (n0 >= 4 * d.Ch) {
+      gate_fragments(t, acc, row0, m0, n0);
+      return true;
+    }
+    if (d.N % 8 != 0) return false;
     const int64_t M = d.M();
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     float* mk = t.scratch;                   // [128] the tile's pixel masks
@@ -106,6 +111,43 @@ struct ProjectEpilogue {
     return true;
   }
 
+  // An output-gate tile (any N) from wgmma's accumulators: the logit (the backward's) and
+  // sigmoid(logit) (the forward's), pixel-major fp16, each staged as 16-bit rows by stmatrix
+  // (Staged16, 32 KB apiece) and stored 8 channels at a time.
+  __device__ void gate_fragments(const EpiTile& t, const float (&acc)[64], int row0, int64_t m0, int n0) const {
+    const int64_t M = d.M();
+    const int C = static_cast<int>(d.C), c0 = n0 - 4 * static_cast<int>(d.Ch);  // the tile's first channel
+    const int lane = threadIdx.x & 31, tq = lane & 3;
+    float* bs = t.scratch;  // [128] the tile's biases (0 past C)
+    if (threadIdx.x < Cfg::kBlockN) bs[threadIdx.x] = c0 + static_cast<int>(threadIdx.x) < C ? bias[n0 + threadIdx.x] : 0.f;
+    __syncthreads();
+    const Staged16 lg{reinterpret_cast<uint8_t*>(t.c)}, sg{reinterpret_cast<uint8_t*>(t.c) + Cfg::kBlockM * Cfg::kBlockN * 2};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // n8 tiles 4q .. 4q + 3: 32 columns
+      uint32_t pl[kFragNi][2], ps[kFragNi][2];  // [n8 tile][row half] packed logit, sigmoid pairs
+#pragma unroll
+      for (int n = 0; n < kFragNi; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * q + n, col = 8 * i + 2 * tq;
+          const float l0 = acc[4 * i + 2 * h] + bs[col], l1 = acc[4 * i + 2 * h + 1] + bs[col + 1];
+          pl[n][h] = dev::MmaOp<__half>::pack(l0, l1);
+          ps[n][h] = dev::MmaOp<__half>::pack(sigmoid(l0), sigmoid(l1));
+        }
+      if (logit) lg.put(0, pl, row0, 32 * q);
+      if (gate) sg.put(0, ps, row0, 32 * q);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kStagedChunksPerThread; ++i) {
+      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16, c = c0 + 8 * k;
+      const int64_t m = m0 + r;
+      if (m >= M || c >= C) continue;  // C is a multiple of 32: 8 channels are all in or all out
+      if (logit) *reinterpret_cast<uint4*>(logit + m * C + c) = lg.get(r, k);
+      if (gate) *reinterpret_cast<uint4*>(gate + m * C + c) = sg.get(r, k);
+    }
+  }
+
   // The staged [64 channels][128 pixels] tiles to a, b (and the copies), 16 bytes a store.
   __device__ void store_ab(const EpiTile& t, int64_t m0, int n0) const {
     const int64_t M = d.M(), plane = d.plane();
@@ -124,30 +166,10 @@ struct ProjectEpilogue {
     }
   }
 
+  // The a/b tiles when N % 8 != 0 (wgmma_fragments() takes every other tile), staged
+  // channel-major.
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
-    const int64_t M = d.M();
-    const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128] this tile's
-    if (n0 < 4 * d.Ch) {  // N % 8 != 0 (fragments() took the others)
-      project_ab_scalar(t, m0, n0, bs);
-    } else {  // output gate, pixel-major fp16, 8 channels per store
-      const VecWalk<8> w;
-      const int c = n0 - 4 * static_cast<int>(d.Ch) + w.col();
-      if (c >= d.C) return;
-#pragma unroll 2
-      for (int k = 0; k < w.kItems; ++k) {
-        const int64_t m = m0 + w.row(k);
-        if (m >= M) continue;
-        float v[8];  // [channel]
-        w.read(t, k, v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] += bs[w.col() + e];
-        if (logit) *reinterpret_cast<uint4*>(logit + m * d.C + c) = pack16<__half>(v);
-        if (!gate) continue;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = sigmoid(v[e]);
-        *reinterpret_cast<uint4*>(gate + m * d.C + c) = pack16<__half>(v);
-      }
-    }
+    project_ab_scalar(t, m0, n0, stage_bias(t, bias, n0, static_cast<int>(d.proj_cols())));
   }
 
   // Any N: one element per store, the pixel at the end of a matrix row also zeroes its pads.
