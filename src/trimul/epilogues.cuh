@@ -119,9 +119,11 @@ struct ProjectEpilogue {
     const int C = static_cast<int>(d.C), c0 = n0 - 4 * static_cast<int>(d.Ch);  // the tile's first channel
     const int lane = threadIdx.x & 31, tq = lane & 3;
     float* bs = t.scratch;  // [128] the tile's biases (0 past C)
-    if (threadIdx.x < Cfg::kBlockN) bs[threadIdx.x] = c0 + static_cast<int>(threadIdx.x) < C ? bias[n0 + threadIdx.x] : 0.f;
+    if (threadIdx.x < Cfg::kBlockN)
+      bs[threadIdx.x] = c0 + static_cast<int>(threadIdx.x) < C ? bias[n0 + threadIdx.x] : 0.f;
     __syncthreads();
-    const Staged16 lg{reinterpret_cast<uint8_t*>(t.c)}, sg{reinterpret_cast<uint8_t*>(t.c) + Cfg::kBlockM * Cfg::kBlockN * 2};
+    uint8_t* stage = reinterpret_cast<uint8_t*>(t.c);
+    const Staged16 lg{stage}, sg{stage + Cfg::kBlockM * Cfg::kBlockN * 2};  // [128 px][128 ch] each
 #pragma unroll
     for (int q = 0; q < 4; ++q) {  // n8 tiles 4q .. 4q + 3: 32 columns
       uint32_t pl[kFragNi][2], ps[kFragNi][2];  // [n8 tile][row half] packed logit, sigmoid pairs
