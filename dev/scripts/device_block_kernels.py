@@ -5,9 +5,10 @@ bench's loss) the whole block, the pair stack alone and the single track alone (
 pair bias and the single transition on a fixed z that takes gradients), then lists each one's
 kernels (torch.profiler CUDA time per step, grouped by name).
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_block_kernels.py
-       [--n 768] [--top 25] [--parts block,pair,single] [--cpu]
---cpu: also each part's host side (torch.profiler CPU self time per op, and the host's time to
-issue a step: steps launched back to back without a synchronize)."""
+       [--n 768] [--top 25] [--parts block,pair,single] [--cpu] [--gaps]
+--cpu: also each part's host side (torch.profiler CPU self time per op, a cProfile of the Python,
+and the host's time to issue a step: steps launched back to back without a synchronize).
+--gaps: the GPU's idle time between kernels inside a step, and the largest gaps."""
 
 import argparse
 import time
@@ -44,15 +45,8 @@ def steps(block, s, z, sm, pm):
 
 
 def host_rows(step, reps=3):
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        for _ in range(reps):
-            step()
-        torch.cuda.synchronize()
+    """The host's ops by self CPU time per step (ms) and calls per step."""
+    prof = profiled(step, reps, warmups=2, cpu=True)
     rows = [(e.key, e.self_cpu_time_total / 1e3 / reps, e.count / reps) for e in prof.key_averages()]
     return sorted(rows, key=lambda r: -r[1])
 

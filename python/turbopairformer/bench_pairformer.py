@@ -407,14 +407,15 @@ def _part(blk, part, transposed_end):
     return mod
 
 
-def profiled(step, steps, warmups=1):
-    """torch.profiler's record (CUDA activity) of `steps` calls of step after `warmups` more."""
+def profiled(step, steps, warmups=1, cpu=False):
+    """torch.profiler's record (CUDA activity, or the host's with cpu=True) of `steps` calls of
+    step after `warmups` more."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmups):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()

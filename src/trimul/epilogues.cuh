@@ -118,10 +118,7 @@ struct ProjectEpilogue {
     const int64_t M = d.M();
     const int C = static_cast<int>(d.C), c0 = n0 - 4 * static_cast<int>(d.Ch);  // the tile's first channel
     const int lane = threadIdx.x & 31, tq = lane & 3;
-    float* bs = t.scratch;  // [128] the tile's biases (0 past C)
-    if (threadIdx.x < Cfg::kBlockN)
-      bs[threadIdx.x] = c0 + static_cast<int>(threadIdx.x) < C ? bias[n0 + threadIdx.x] : 0.f;
-    __syncthreads();
+    const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128], 0 past C
     uint8_t* stage = reinterpret_cast<uint8_t*>(t.c);
     const Staged16 lg{stage}, sg{stage + Cfg::kBlockM * Cfg::kBlockN * 2};  // [128 px][128 ch] each
 #pragma unroll

@@ -47,7 +47,8 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
 
 // A long-K product (4 or more k-steps: the triangle products, K = N; the weight gradients,
 // K = B N^2; the d xhat products, K = 2C and 4Ch + C): on wgmma or mma.sync (kLongKWgmma).
-// The short ones (K = C or Ch, two k-steps) stay on mma.sync, whose epilogues can prefetch.
+// The short ones (K = C or Ch, two k-steps) whose epilogues prefetch an operand stay on
+// mma.sync; the input projection (project above) runs on wgmma.
 template <class T, Major AM, Major BMJ, class Epi>
 cudaError_t launch_long_k(const Operand& A, const Operand& B, const GemmShape& shape, int batches,
                           const Epi& epi, cudaStream_t s) {

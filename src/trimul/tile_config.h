@@ -34,7 +34,7 @@ struct GemmConfig {
 
 // The long-K products (4+ k-steps: triangle products, K = N, the cubic work; weight gradients,
 // K = B N^2 in split-K chunks; the d xhat products) run on wgmma (gemm_wgmma.cuh); false: on
-// the mma.sync main loop like the short-K products, whose time is their epilogues'.
+// the mma.sync main loop like the short-K products whose epilogues prefetch an operand.
 constexpr bool kLongKWgmma = true;
 
 // Weight-gradient products (dW = dYᵀ X over B·N² rows) are split along the rows into chunks of

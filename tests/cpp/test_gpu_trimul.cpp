@@ -111,7 +111,7 @@ std::vector<TrimulCase> cases() {
   const int64_t widths[][2] = {{32, 256}, {64, 96}, {96, 64}, {128, 128}, {256, 32}};
   for (const auto& w : widths) v.push_back({1, 33, w[0], w[1], true});
   v.push_back({2, 40, 96, 96, false, false, false, DType::kFP32});
-  // N % 8 == 0 with C = 32: the input projection's row walk with one k-step of real K
+  // N % 8 == 0 with C = 32: the input projection's fragment epilogue over one partial k-step
   v.push_back({1, 48, 32, 64, false});
   v.push_back({1, 64, 128, 128, true, true, false, DType::kFP32, true});
   v.push_back({2, 17, 32, 64, false, true, true, DType::kBF16, true, 5});  // 5 calls
