@@ -28,11 +28,11 @@ cudaError_t triangle_backward(const Problem& p, const Workspace& ws, cudaStream_
   auto out = [&](float* ptr) { return StoreEpilogue<float>{ptr, d.Np, d.plane(), d.N, d.Np}; };
   cudaError_t e;
   if (p.outgoing) {
-    if ((e = launch_long_k<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-    return launch_long_k<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
+    if ((e = launch_product<T, Major::kK, Major::kMN>(dx, b, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+    return launch_product<T, Major::kMN, Major::kMN>(dx, a, shape, batches, out(ws.db), s_db);
   }
-  if ((e = launch_long_k<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
-  return launch_long_k<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
+  if ((e = launch_product<T, Major::kK, Major::kK>(b, dx, shape, batches, out(ws.da), s)) != cudaSuccess) return e;
+  return launch_product<T, Major::kK, Major::kMN>(a, dx, shape, batches, out(ws.db), s_db);
 }
 
 // Pixel rows [r0, r1) of the backward: the whole of them, or a chunk of the tail.

@@ -4,7 +4,7 @@
 #include <type_traits>
 
 #include "trimul/epilogues.cuh"
-#include "trimul/gemm_wgmma.cuh"
+#include "trimul/gemm_tma.cuh"
 #include "trimul/kernels.h"
 #include "trimul/workspace.h"
 
@@ -65,8 +65,8 @@ cudaError_t triangle_product(const Problem& p, const Workspace& ws, cudaStream_t
   const GemmShape shape{d.N, static_cast<int>(d.Np), d.N, 0};
   const int batches = static_cast<int>(d.B * d.Ch);
   const Operand A = channel_matrices(operand<T>(ws, false), d), B = channel_matrices(operand<T>(ws, true), d);
-  return p.outgoing ? launch_long_k<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
-                    : launch_long_k<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
+  return p.outgoing ? launch_product<T, Major::kK, Major::kK>(A, B, shape, batches, epi, s)
+                    : launch_product<T, Major::kMN, Major::kMN>(A, B, shape, batches, epi, s);
 }
 
 // Folded weights, LayerNorm_in, projections, triangle product and LayerNorm_out: everything up
