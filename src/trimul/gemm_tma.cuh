@@ -1,18 +1,24 @@
-// The triangle products' main loop (K = N, batched over channels): the op's cubic work, on
-// Hopper's native path. A persistent block per SM walks 128 x 256 output tiles; its producer
-// warp copies each k-step's operand tiles with TMA into a ring of stages, and two consumer
-// warpgroups (64 rows x 256 columns each) run m64n128k16 wgmma straight from the stages,
-// keeping one k-step's batch in flight while they release the stage before it. The epilogue
-// stores through TMA as well: each consumer warpgroup writes 64-row boxes of its accumulators
-// into two shared slots in turn and goes on to the next tile while the copies drain, and the
-// producer runs on into that tile meanwhile (stores straight from registers took 40% of the
-// product's time: 4-byte pieces of eight rows per instruction). Tiles, swizzle and descriptors
-// are the wgmma engine's (gemm_wgmma.cuh).
+// The GEMM engine's persistent main loop on Hopper's native path, for the triangle products (K =
+// N, batched over channels: the op's cubic work) and the input projection's a/b columns. One
+// block per SM walks the output tiles; its producer warp copies each k-step's operand tiles with
+// TMA into a ring of stages, and two consumer warpgroups (64 rows each) run m64n128k16 wgmma
+// straight from the stages, keeping one k-step's batch in flight while they release the stage
+// before it. Each consumer warpgroup then hands its accumulators to the epilogue and goes on
+// to its next tile; the producer runs ahead into that tile meanwhile, so the epilogue overlaps
+// the next tile's loads (and, where it stores through TMA, its own stores overlap the next
+// tile's MMAs). Tiles, swizzle and descriptors are the wgmma engine's (gemm_wgmma.cuh).
 //
 // Stage layout (128-byte swizzle, 1024-byte aligned, as TMA's SWIZZLE_128B writes it):
-//   K-major  [rows][64 k]: one box of 128 (A) or 256 (B) rows of 128 bytes.
+//   K-major  [rows][64 k]: one box of 128 (A) or kBlockN (B) rows of 128 bytes.
 //   MN-major [64 k][rows]: boxes of [64 k][64 mn], 8 KB apart (the descriptors' LBO).
-//   Output slots [64 rows][128 bytes]: a box of 64 (16-bit) or 32 (fp32) columns.
+//
+// An epilogue Epi defines kBlockN and kStages (its tile table row, tile_config.h), kSmemBytes
+// (its shared memory after the stages, 1024-byte aligned), and
+//   start(smem, cw)                                 once per consumer warpgroup, before its first tile
+//   tile(smem, acc, cw, m0, n0, z, k)               the warpgroup's rows of its k-th tile
+//   finish(cw)                                      after its last tile
+// with acc[kBlockN / 128][64] in the wgmma accumulator layout (common/wgmma.cuh); named
+// barriers 1 + cw are the warpgroups' own, 3 spans both.
 #pragma once
 #include <cuda.h>
 
@@ -24,16 +30,16 @@
 
 namespace tpf::trimul {
 
-using PCfg = ProductConfig;
+using TCfg = TmaLoopConfig;
 
-struct ProductMaps {
-  CUtensorMap a, b, out;  // 3-D: (columns, rows, batch) of each operand and of C as stored
+struct TmaOperands {
+  CUtensorMap a, b;  // 3-D: (columns, rows, batch) of each operand as stored
 };
 
 // A matrix batch as a 3-D map (columns, rows, batch) with the 128-byte swizzle and boxes of
 // 128 bytes x box_rows; false where TMA cannot reach it.
-inline bool encode_product_map(CUtensorMap* map, const void* ptr, int64_t ld, int64_t batch_stride, int64_t rows,
-                               int64_t cols, CUtensorMapDataType type, int elem_bytes, int box_rows, int batches) {
+inline bool encode_tma_matrices(CUtensorMap* map, const void* ptr, int64_t ld, int64_t batch_stride, int64_t rows,
+                                int64_t cols, CUtensorMapDataType type, int elem_bytes, int box_rows, int batches) {
   tpf::detail::TmaTile t;
   t.rank = 3;
   t.dims[0] = static_cast<uint64_t>(cols);
@@ -48,48 +54,57 @@ inline bool encode_product_map(CUtensorMap* map, const void* ptr, int64_t ld, in
   return tpf::detail::encode_tma(map, ptr, type, t, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The operands' maps for tiles of 128 x block_n (K-major boxes: 64 columns x the tile's rows;
+// MN-major: 64 x 64); false where TMA cannot reach one (a row offset among them).
+template <class T, Major AM, Major BMJ>
+bool encode_tma_operands(TmaOperands* maps, const Operand& A, const Operand& B, int block_n, int batches) {
+  constexpr CUtensorMapDataType kType =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return A.row0 == 0 && B.row0 == 0 &&
+         encode_tma_matrices(&maps->a, A.ptr, A.ld, A.batch_stride, A.rows, A.cols, kType, 2,
+                             AM == Major::kMN ? 64 : TCfg::kBlockM, batches) &&
+         encode_tma_matrices(&maps->b, B.ptr, B.ld, B.batch_stride, B.rows, B.cols, kType, 2,
+                             BMJ == Major::kMN ? 64 : block_n, batches);
+}
+
 namespace detail {
 
-constexpr uint32_t kProductABytes = PCfg::kBlockM * PCfg::kBlockK * 2;  // 16 KB
-constexpr uint32_t kProductBBytes = PCfg::kBlockN * PCfg::kBlockK * 2;  // 32 KB
-constexpr uint32_t kProductStageBytes = kProductABytes + kProductBBytes;
-constexpr uint32_t kOutSlotBytes = 64 * 128;  // one output box: 64 rows of 128 bytes
-
-// The block's output tiles in order: n fastest, then m, then the batch (tiles of one channel
+// The block's output tiles in order: n fastest, then m, then the batch (tiles of one matrix
 // share its operands in L2).
-struct ProductTiles {
+template <int kBN>
+struct TmaTiles {
   int m_tiles, n_tiles;
   int64_t total;
   int nk;  // k-steps a tile
-  __device__ explicit ProductTiles(const GemmShape& s, int batches)
-      : m_tiles(static_cast<int>((s.M + PCfg::kBlockM - 1) / PCfg::kBlockM)),
-        n_tiles((s.N + PCfg::kBlockN - 1) / PCfg::kBlockN),
+  __device__ TmaTiles(const GemmShape& s, int batches)
+      : m_tiles(static_cast<int>((s.M + TCfg::kBlockM - 1) / TCfg::kBlockM)),
+        n_tiles((s.N + kBN - 1) / kBN),
         total(int64_t{m_tiles} * n_tiles * batches),
-        nk(static_cast<int>((s.K + PCfg::kBlockK - 1) / PCfg::kBlockK)) {}
+        nk(static_cast<int>((s.K + TCfg::kBlockK - 1) / TCfg::kBlockK)) {}
   __device__ void at(int64_t t, int64_t& m0, int& n0, int& z) const {
     const int64_t per_batch = int64_t{m_tiles} * n_tiles;
     z = static_cast<int>(t / per_batch);
     const int64_t r = t % per_batch;
-    m0 = (r / n_tiles) * PCfg::kBlockM;
-    n0 = static_cast<int>(r % n_tiles) * PCfg::kBlockN;
+    m0 = (r / n_tiles) * TCfg::kBlockM;
+    n0 = static_cast<int>(r % n_tiles) * kBN;
   }
 };
 
 // The ring of stages and its two barriers per stage: full (the producer's copies landed) and
 // empty (every consumer warp's wgmma that read it completed).
-struct ProductRing {
-  uint32_t base;  // shared address of stage 0 (1024-byte aligned); the output slots follow the stages
+template <int kBN, int kStages>
+struct TmaRing {
+  static constexpr uint32_t kABytes = TCfg::kBlockM * TCfg::kBlockK * 2;  // 16 KB
+  static constexpr uint32_t kStageBytes = kABytes + kBN * TCfg::kBlockK * 2;
+  uint32_t base;  // shared address of stage 0 (1024-byte aligned)
   uint32_t bars;  // full[kStages], then empty[kStages], 8 bytes each
-  __device__ uint32_t a(int st) const { return base + st * kProductStageBytes; }
-  __device__ uint32_t b(int st) const { return a(st) + kProductABytes; }
+  __device__ uint32_t a(int st) const { return base + st * kStageBytes; }
+  __device__ uint32_t b(int st) const { return a(st) + kABytes; }
   __device__ uint32_t full(int st) const { return bars + 8 * st; }
-  __device__ uint32_t empty(int st) const { return bars + 8 * (PCfg::kStages + st); }
-  __device__ uint32_t out_slot(int cw, int k) const {
-    return base + PCfg::kStages * kProductStageBytes + (2 * cw + k) * kOutSlotBytes;
-  }
+  __device__ uint32_t empty(int st) const { return bars + 8 * (kStages + st); }
 };
 
-// One k-step's copies into stage st: `rows` rows of an operand from (row0, k0) of matrix z.
+// One k-step's copies into a stage: `rows` rows of an operand from (row0, k0) of matrix z.
 template <Major MAJ>
 __device__ __forceinline__ void copy_operand(uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows, int64_t row0,
                                              int64_t k0, int z) {
@@ -104,83 +119,48 @@ __device__ __forceinline__ void copy_operand(uint32_t dst, const CUtensorMap* ma
 
 // The producer (one thread): every tile's k-steps, in the consumers' order, each into the next
 // stage of the ring once the consumers have released it.
-template <Major AM, Major BMJ>
-__device__ void produce(const ProductMaps& maps, const ProductRing& ring, const ProductTiles& tiles) {
+template <Major AM, Major BMJ, int kBN, int kStages>
+__device__ void produce(const TmaOperands& maps, const TmaRing<kBN, kStages>& ring, const TmaTiles<kBN>& tiles) {
   int it = 0;  // k-steps issued so far: stage it % kStages, pass it / kStages
   for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x) {
     int64_t m0;
     int n0, z;
     tiles.at(t, m0, n0, z);
     for (int kt = 0; kt < tiles.nk; ++kt, ++it) {
-      const int st = it % PCfg::kStages;
-      dev::mbar_wait(ring.empty(st), ((it / PCfg::kStages) & 1) ^ 1);  // a fresh barrier's "previous" phase
-      dev::mbar_arrive_expect_tx(ring.full(st), kProductStageBytes);  // boxes past the extents count, zero-filled
-      const int64_t k0 = int64_t{kt} * PCfg::kBlockK;
-      copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), PCfg::kBlockM, m0, k0, z);
-      copy_operand<BMJ>(ring.b(st), &maps.b, ring.full(st), PCfg::kBlockN, n0, k0, z);
+      const int st = it % kStages;
+      dev::mbar_wait(ring.empty(st), ((it / kStages) & 1) ^ 1);  // a fresh barrier's "previous" phase
+      dev::mbar_arrive_expect_tx(ring.full(st), ring.kStageBytes);  // boxes past the extents count, zero-filled
+      const int64_t k0 = int64_t{kt} * TCfg::kBlockK;
+      copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), TCfg::kBlockM, m0, k0, z);
+      copy_operand<BMJ>(ring.b(st), &maps.b, ring.full(st), kBN, n0, k0, z);
     }
   }
 }
 
-// Consumer warpgroup cw's 64 rows of the tile (rows 64 cw from m0 of matrix z) to C through
-// TMA: box by box (128 bytes of columns each) into its two shared slots in turn, the slot's
-// previous copy waited for first. boxes: the warpgroup's running count (a slot's parity).
-template <class OutT>
-__device__ void store_tile(const ProductMaps& maps, const ProductRing& ring, const float (&acc)[2][64], int cw,
-                           int64_t m0, int n0, int z, int& boxes) {
-  constexpr int kCols = 128 / sizeof(OutT);  // a box's columns: 64 16-bit or 32 fp32
-  const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, t = lane & 3;
-  const bool leader = threadIdx.x % 128 == 0;
-#pragma unroll
-  for (int half = 0; half < 2; ++half)
-#pragma unroll
-    for (int b = 0; b < 128 / kCols; ++b, ++boxes) {  // boxes of this 128-column half
-      const uint32_t slot = ring.out_slot(cw, boxes & 1);
-      if (leader && boxes >= 2) dev::bulk_wait_read<1>();  // the copy of box boxes - 2 has left this slot
-      dev::bar_sync(1 + cw, 128);
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j)  // the box's n8 tiles: columns 8j + 2t, + 1 of the box
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i = b * (kCols / 8) + j;  // n8 tile of the half
-          const float v0 = acc[half][4 * i + 2 * h], v1 = acc[half][4 * i + 2 * h + 1];
-          const int row = 16 * w + g + 8 * h, byte = (8 * j + 2 * t) * static_cast<int>(sizeof(OutT));
-          const uint32_t at = slot + row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);  // 128-byte swizzle
-          if constexpr (sizeof(OutT) == 4) {
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
-          } else {
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(dev::MmaOp<OutT>::pack(v0, v1)) : "memory");
-          }
-        }
-      dev::fence_proxy_async();  // this thread's writes, visible to the copy
-      dev::bar_sync(1 + cw, 128);
-      if (leader) {
-        dev::tma_store_3d(&maps.out, slot, n0 + 128 * half + b * kCols, static_cast<int>(m0 + 64 * cw), z);
-        dev::bulk_commit();
-      }
-    }
-}
-
-// A consumer warpgroup (cw: rows 64 cw of each tile): per tile, the k-steps' wgmma into acc (the
-// two 128-column halves), then the tile's store.
-template <class T, Major AM, Major BMJ, class OutT>
-__device__ void consume(const ProductMaps& maps, const ProductRing& ring, const ProductTiles& tiles, int cw) {
+// Consumer warpgroup cw (rows 64 cw of each tile): per tile, the k-steps' wgmma into acc (its
+// 128-column parts), then the epilogue.
+template <class T, Major AM, Major BMJ, class Epi>
+__device__ void consume(const TmaRing<Epi::kBlockN, Epi::kStages>& ring, const TmaTiles<Epi::kBlockN>& tiles,
+                        const Epi& epi, uint8_t* esmem, int cw) {
+  constexpr int kParts = Epi::kBlockN / 128;
   const int lane = threadIdx.x & 31;
-  int it = 0, boxes = 0;
-  for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x) {
+  int it = 0, k = 0;
+  epi.start(esmem, cw);
+  dev::bar_sync(3, 128 * TCfg::kConsumers);
+  for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x, ++k) {
     int64_t m0;
     int n0, z;
     tiles.at(t, m0, n0, z);
-    float acc[2][64];  // [column half][4 n8 + c]: the wgmma accumulator layout (common/wgmma.cuh)
-    int prev = -1;     // the stage of the k-step still in flight
+    float acc[kParts][64];  // [128-column part][4 n8 + c]: the wgmma accumulator layout
+    int prev = -1;          // the stage of the k-step still in flight
     for (int kt = 0; kt < tiles.nk; ++kt, ++it) {
-      const int st = it % PCfg::kStages;
-      dev::mbar_wait(ring.full(st), (it / PCfg::kStages) & 1);
+      const int st = it % Epi::kStages;
+      dev::mbar_wait(ring.full(st), (it / Epi::kStages) & 1);
       dev::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < PCfg::kBlockK / 16; ++j)
+      for (int j = 0; j < TCfg::kBlockK / 16; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < kParts; ++h)
           dev::Wgmma<T, AM == Major::kMN, BMJ == Major::kMN>::run(
               acc[h], operand_desc<AM>(ring.a(st), 64 * cw, j), operand_desc<BMJ>(ring.b(st), 128 * h, j),
               kt > 0 || j > 0);
@@ -190,81 +170,143 @@ __device__ void consume(const ProductMaps& maps, const ProductRing& ring, const 
       prev = st;
     }
     dev::wgmma_wait<0>();
-    dev::wgmma_fence_operands(acc[0]);
-    dev::wgmma_fence_operands(acc[1]);
+#pragma unroll
+    for (int h = 0; h < kParts; ++h) dev::wgmma_fence_operands(acc[h]);
     if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
-    store_tile<OutT>(maps, ring, acc, cw, m0, n0, z, boxes);
+    epi.tile(esmem, acc, cw, m0, n0, z, k);
   }
-  if (threadIdx.x % 128 == 0) dev::bulk_wait_all();  // the slots stay allocated until the copies read them
+  epi.finish(cw);
 }
 
 }  // namespace detail
 
-constexpr int kProductSmemBytes = PCfg::kStages * detail::kProductStageBytes +
-                                  2 * PCfg::kConsumers * detail::kOutSlotBytes + 1024 + 16 * PCfg::kStages;
-static_assert(kProductSmemBytes <= 227 * 1024, "one block per SM");
+template <class Epi>
+constexpr int tma_loop_smem_bytes() {
+  return Epi::kStages * detail::TmaRing<Epi::kBlockN, Epi::kStages>::kStageBytes + Epi::kSmemBytes + 1024 +
+         16 * Epi::kStages;
+}
 
-template <class T, Major AM, Major BMJ, class OutT>
-__global__ void __launch_bounds__(PCfg::kThreads, 1)
-    gemm_product_kernel(const __grid_constant__ ProductMaps maps, const GemmShape s, const int batches) {
-  static_assert(PCfg::kBlockM == 64 * PCfg::kConsumers && PCfg::kBlockN == 256 && PCfg::kBlockK == 64,
-                "a consumer warpgroup owns 64 rows; two m64n128k16 a k16 step cover 256 columns");
+template <class T, Major AM, Major BMJ, class Epi>
+__global__ void __launch_bounds__(TCfg::kThreads, 1)
+    gemm_tma_kernel(const __grid_constant__ TmaOperands maps, const GemmShape s, const int batches,
+                    const __grid_constant__ Epi epi) {
+  static_assert(TCfg::kBlockM == 64 * TCfg::kConsumers && Epi::kBlockN % 128 == 0 && TCfg::kBlockK == 64,
+                "a consumer warpgroup owns 64 rows; m64n128k16 per 128 columns and k16 step");
+  static_assert(tma_loop_smem_bytes<Epi>() <= 227 * 1024, "one block per SM");
+  using Ring = detail::TmaRing<Epi::kBlockN, Epi::kStages>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  const uint32_t raw = dev::smem_addr(smem_raw), base = raw + ((1024 - (raw & 1023)) & 1023);
-  const detail::ProductRing ring{base, base + PCfg::kStages * detail::kProductStageBytes +
-                                             2 * PCfg::kConsumers * detail::kOutSlotBytes};
-  const detail::ProductTiles tiles(s, batches);
+  const uint32_t raw = dev::smem_addr(smem_raw), pad = (1024 - (raw & 1023)) & 1023, base = raw + pad;
+  uint8_t* esmem = smem_raw + pad + Epi::kStages * Ring::kStageBytes;  // the epilogue's, 1024-byte aligned
+  const Ring ring{base, base + Epi::kStages * Ring::kStageBytes + Epi::kSmemBytes};
+  const detail::TmaTiles<Epi::kBlockN> tiles(s, batches);
   if (threadIdx.x == 0) {
-    for (int st = 0; st < PCfg::kStages; ++st) {
+    for (int st = 0; st < Epi::kStages; ++st) {
       dev::mbar_init(ring.full(st), 1);
-      dev::mbar_init(ring.empty(st), 4 * PCfg::kConsumers);  // one arrival per consumer warp
+      dev::mbar_init(ring.empty(st), 4 * TCfg::kConsumers);  // one arrival per consumer warp
     }
     dev::mbar_init_fence();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
-  if (wg == PCfg::kConsumers) {
-    dev::regs_decrease<PCfg::kProducerRegs>();
-    if (threadIdx.x == 128 * PCfg::kConsumers) detail::produce<AM, BMJ>(maps, ring, tiles);
+  if (wg == TCfg::kConsumers) {
+    dev::regs_decrease<TCfg::kProducerRegs>();
+    if (threadIdx.x == 128 * TCfg::kConsumers) detail::produce<AM, BMJ>(maps, ring, tiles);
   } else {
-    dev::regs_increase<PCfg::kConsumerRegs>();
-    detail::consume<T, AM, BMJ, OutT>(maps, ring, tiles, wg);
+    dev::regs_increase<TCfg::kConsumerRegs>();
+    detail::consume<T, AM, BMJ>(ring, tiles, epi, esmem, wg);
   }
 }
 
-// C = A Bᵀ for each of `batches` matrices (no split-K, rows from 0) into out (a plain store:
-// no column scale), on the TMA loop, or on the cp.async one where TMA cannot reach an operand.
-// Grid: one block per SM, at most one per tile.
-template <class T, Major AM, Major BMJ, class OutT>
-cudaError_t launch_product(const Operand& A, const Operand& B, const GemmShape& s, int batches,
-                           const StoreEpilogue<OutT>& out, cudaStream_t stream) {
-  constexpr bool kFp16 = std::is_same_v<T, __half>;
-  constexpr CUtensorMapDataType kIn = kFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  constexpr CUtensorMapDataType kOut = sizeof(OutT) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                       : std::is_same_v<OutT, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                                      : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  ProductMaps maps{};
-  // K-major boxes: 64 columns (k) x the tile's rows; MN-major: 64 x 64, two or four a tile.
-  const bool tma = s.k_chunk == 0 && s.m_begin == 0 && A.row0 == 0 && B.row0 == 0 && out.col_scale.ptr == nullptr &&
-                   encode_product_map(&maps.a, A.ptr, A.ld, A.batch_stride, A.rows, A.cols, kIn, 2,
-                                      AM == Major::kMN ? 64 : PCfg::kBlockM, batches) &&
-                   encode_product_map(&maps.b, B.ptr, B.ld, B.batch_stride, B.rows, B.cols, kIn, 2,
-                                      BMJ == Major::kMN ? 64 : PCfg::kBlockN, batches) &&
-                   encode_product_map(&maps.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols, kOut,
-                                      sizeof(OutT), 64, batches);
-  if (!tma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, s, batches, out, stream);
-  auto* kernel = gemm_product_kernel<T, AM, BMJ, OutT>;
-  cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kProductSmemBytes);
+// Launches the loop over `batches` matrices (no split-K, rows from 0): one block per SM, at
+// most one per tile.
+template <class T, Major AM, Major BMJ, class Epi>
+cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int batches, const Epi& epi,
+                            cudaStream_t stream) {
+  auto* kernel = gemm_tma_kernel<T, AM, BMJ, Epi>;
+  constexpr int kSmem = tma_loop_smem_bytes<Epi>();
+  cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kSmem);
   int device = 0, sms = 0;
   if (e != cudaSuccess || (e = cudaGetDevice(&device)) != cudaSuccess ||
       (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
     return e;
-  const int64_t tiles = ((s.M + PCfg::kBlockM - 1) / PCfg::kBlockM) * ((s.N + PCfg::kBlockN - 1) / PCfg::kBlockN) *
+  const int64_t tiles = ((s.M + TCfg::kBlockM - 1) / TCfg::kBlockM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) *
                         int64_t{batches};
   if (tiles == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  kernel<<<grid, PCfg::kThreads, kProductSmemBytes, stream>>>(maps, s, batches);
+  kernel<<<grid, TCfg::kThreads, kSmem, stream>>>(maps, s, batches, epi);
   return cudaGetLastError();
+}
+
+// The triangle products' epilogue: each consumer warpgroup writes its 64 rows box by box (128
+// bytes of columns) into two shared slots in the 128-byte swizzle, in turn, and one thread hands
+// each to a TMA store; a slot is rewritten once its previous copy has read it. (Stores straight
+// from registers, 4-byte pieces of eight rows an instruction, took 40% of the product's time.)
+template <class OutT>
+struct TmaStoreEpilogue {
+  static constexpr int kBlockN = ProductTile::kBlockN, kStages = ProductTile::kStages;
+  static constexpr int kSlotBytes = 64 * 128;  // one box: 64 rows of 128 bytes
+  static constexpr int kSmemBytes = 2 * TCfg::kConsumers * kSlotBytes;
+  static constexpr int kCols = 128 / sizeof(OutT);  // a box's columns: 64 16-bit or 32 fp32
+  static constexpr int kBoxes = kBlockN / kCols;    // a tile's
+  CUtensorMap out;                                  // C: (columns, rows, batch), boxes of 128 bytes x 64 rows
+
+  __device__ void start(uint8_t*, int) const {}
+  __device__ void tile(uint8_t* smem, const float (&acc)[kBlockN / 128][64], int cw, int64_t m0, int n0, int z,
+                       int k) const {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, t = lane & 3;
+    const bool leader = threadIdx.x % 128 == 0;
+    const uint32_t slots = dev::smem_addr(smem) + 2 * cw * kSlotBytes;
+#pragma unroll
+    for (int part = 0; part < kBlockN / 128; ++part)
+#pragma unroll
+      for (int b = 0; b < 128 / kCols; ++b) {  // boxes of this 128-column part
+        const int box = k * kBoxes + part * (128 / kCols) + b;
+        const uint32_t slot = slots + (box & 1) * kSlotBytes;
+        if (leader && box >= 2) dev::bulk_wait_read<1>();  // the copy of box - 2 has left this slot
+        dev::bar_sync(1 + cw, 128);
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j)  // the box's n8 tiles: columns 8j + 2t, + 1 of the box
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = b * (kCols / 8) + j;  // n8 tile of the part
+            const float v0 = acc[part][4 * i + 2 * h], v1 = acc[part][4 * i + 2 * h + 1];
+            const int row = 16 * w + g + 8 * h, byte = (8 * j + 2 * t) * static_cast<int>(sizeof(OutT));
+            const uint32_t at = slot + row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);  // 128-byte swizzle
+            if constexpr (sizeof(OutT) == 4) {
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
+            } else {
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(dev::MmaOp<OutT>::pack(v0, v1)) : "memory");
+            }
+          }
+        dev::fence_proxy_async();  // this thread's writes, visible to the copy
+        dev::bar_sync(1 + cw, 128);
+        if (leader) {
+          dev::tma_store_3d(&out, slot, n0 + 128 * part + b * kCols, static_cast<int>(m0 + 64 * cw), z);
+          dev::bulk_commit();
+        }
+      }
+  }
+  __device__ void finish(int) const {
+    if (threadIdx.x % 128 == 0) dev::bulk_wait_all();  // the slots stay allocated until the copies read them
+  }
+};
+
+// C = A Bᵀ for each of `batches` matrices (no split-K, rows from 0) into out (a plain store:
+// no column scale), on the TMA loop, or on the cp.async one where TMA cannot reach an operand.
+template <class T, Major AM, Major BMJ, class OutT>
+cudaError_t launch_product(const Operand& A, const Operand& B, const GemmShape& s, int batches,
+                           const StoreEpilogue<OutT>& out, cudaStream_t stream) {
+  constexpr CUtensorMapDataType kOut = sizeof(OutT) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                       : std::is_same_v<OutT, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  TmaOperands maps{};
+  TmaStoreEpilogue<OutT> epi{};
+  const bool tma = s.k_chunk == 0 && s.m_begin == 0 && out.col_scale.ptr == nullptr &&
+                   encode_tma_operands<T, AM, BMJ>(&maps, A, B, ProductTile::kBlockN, batches) &&
+                   encode_tma_matrices(&epi.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols, kOut,
+                                       sizeof(OutT), 64, batches);
+  if (!tma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, s, batches, out, stream);
+  return launch_tma_loop<T, AM, BMJ>(maps, s, batches, epi, stream);
 }
 
 }  // namespace tpf::trimul

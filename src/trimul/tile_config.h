@@ -32,20 +32,27 @@ struct GemmConfig {
   static constexpr int kEpiExtraBytes = kBlockN * kBlockM * 2;
 };
 
-// The triangle products (K = N, the op's cubic work; gemm_tma.cuh): 128 x 256 output tiles, one
-// persistent block per SM of two consumer warpgroups (64 rows x 256 columns each, 128 fp32
-// accumulators a thread) and a producer warp issuing TMA copies. At 128 x 128 the products read
-// ~1.8 GB from L2 at N = 768 and ran at L2's pace; 256 columns cut that by a quarter.
-struct ProductConfig {
-  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64;
-  // Four stages of 48 KB (A 16 KB + B 32 KB): the producer runs three k-steps ahead, and on into
-  // the next tile while the consumers store this one.
-  static constexpr int kStages = 4;
+// The TMA loop (gemm_tma.cuh): one persistent block per SM, a producer warp issuing TMA copies
+// into a ring of stages and two consumer warpgroups of 64 rows each (128-row tiles, 64-wide
+// k-steps). setmaxnreg: the producer gives up registers so that the consumers hold up to 128
+// accumulators (40 x 128 + 232 x 256 <= 65536).
+struct TmaLoopConfig {
+  static constexpr int kBlockM = 128, kBlockK = 64;
   static constexpr int kConsumers = 2;                     // warpgroups
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer's warpgroup
-  // setmaxnreg: the producer gives up registers so that the consumers hold 128 accumulators
-  // (40 x 128 + 232 x 256 <= 65536).
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+};
+// Its tiles per use, each with its reason:
+// - the triangle products (K = N, the op's cubic work): 256 columns, four 48 KB stages. At
+//   128 x 128 the products read ~1.8 GB from L2 at N = 768 and ran at L2's pace; 256 columns cut
+//   that by a quarter, and four stages keep three k-steps in flight.
+// - the input projection's a/b columns (K = C): 128 columns, i.e. 64 channels' both logits; four
+//   32 KB stages let the producer run two tiles ahead while the consumers' epilogue runs.
+struct ProductTile {
+  static constexpr int kBlockN = 256, kStages = 4;
+};
+struct ProjectTile {
+  static constexpr int kBlockN = 128, kStages = 4;
 };
 
 // The long-K products (4+ k-steps: triangle products, K = N, the cubic work; weight gradients,
