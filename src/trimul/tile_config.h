@@ -42,17 +42,11 @@ struct TmaLoopConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer's warpgroup
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
-// Its tiles per use, each with its reason:
-// - the triangle products (K = N, the op's cubic work): 256 columns, four 48 KB stages. At
-//   128 x 128 the products read ~1.8 GB from L2 at N = 768 and ran at L2's pace; 256 columns cut
-//   that by a quarter, and four stages keep three k-steps in flight.
-// - the input projection's a/b columns (K = C): 128 columns, i.e. 64 channels' both logits; four
-//   32 KB stages let the producer run two tiles ahead while the consumers' epilogue runs.
+// Its tile for the triangle products (K = N, the op's cubic work): 256 columns, four 48 KB
+// stages. At 128 x 128 the products read ~1.8 GB from L2 at N = 768 and ran at L2's pace; 256
+// columns cut that by a quarter, and four stages keep three k-steps in flight.
 struct ProductTile {
   static constexpr int kBlockN = 256, kStages = 4;
-};
-struct ProjectTile {
-  static constexpr int kBlockN = 128, kStages = 4;
 };
 
 // The long-K products (4+ k-steps: triangle products, K = N, the cubic work; weight gradients,
