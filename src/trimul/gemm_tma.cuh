@@ -193,6 +193,11 @@ __global__ void __launch_bounds__(TCfg::kThreads, 1)
   static_assert(TCfg::kBlockM == 64 * TCfg::kConsumers && Epi::kBlockN % 128 == 0 && TCfg::kBlockK == 64,
                 "a consumer warpgroup owns 64 rows; m64n128k16 per 128 columns and k16 step");
   static_assert(tma_loop_smem_bytes<Epi>() <= 227 * 1024, "one block per SM");
+  // setmaxnreg moves registers within what the launch allocated (registers a thread, a multiple of
+  // 8, times the threads): an increase past that pool never returns.
+  static_assert(TCfg::kProducerRegs * 128 + TCfg::kConsumerRegs * 128 * TCfg::kConsumers <=
+                    (65536 / TCfg::kThreads) / 8 * 8 * TCfg::kThreads,
+                "setmaxnreg: within the launch's register pool");
   using Ring = detail::TmaRing<Epi::kBlockN, Epi::kStages>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const uint32_t raw = dev::smem_addr(smem_raw), pad = (1024 - (raw & 1023)) & 1023, base = raw + pad;
