@@ -88,15 +88,19 @@ case "$cmd" in
         "$b/tpf" bench $args 2>/dev/null | awk -v b="$(basename "$b")" -v r="$r" '/^ +[0-9]/ {print b, r, $0}'
       done
     done | tee "$rounds_file"
-    "$PY" - "$rounds_file" <<'PY'
+    "$PY" - "$rounds_file" "$args" <<'PY'
 import collections, statistics, sys
+# build, round, then tpf bench's columns: attention N D fwd_ms TFLOP/s exp% fwd+bwd_ms ...;
+# the multiplicative update (--op trimul) N fwd_ms TFLOP/s fwd+bwd_ms ...
+trimul = "trimul" in sys.argv[2].split()
+key_cols, ms_cols = ((2,), (3, 5)) if trimul else ((2, 3), (4, 7))
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    f = line.split()  # build, round, then tpf bench's columns: N D fwd_ms TFLOP/s exp% fwd+bwd_ms
-    rows[(f[0], f[2], f[3])].append(f)
-print("median over rounds (build N D: fwd ms, fwd+bwd ms):")
-for key, cols in sorted(rows.items()):
-    print(" ", " ".join(key), " ".join(f"{statistics.median(float(c[i]) for c in cols):.3f}" for i in (4, 7)))
+    f = line.split()
+    rows[(f[0],) + tuple(f[i] for i in key_cols)].append(f)
+print(f"median over rounds (build N{'' if trimul else ' D'}: fwd ms, fwd+bwd ms):")
+for key, cols in sorted(rows.items(), key=lambda kv: (kv[0][0],) + tuple(int(v) for v in kv[0][1:])):
+    print(" ", " ".join(key), " ".join(f"{statistics.median(float(c[i]) for c in cols):.3f}" for i in ms_cols))
 PY
     ;;
   profile)

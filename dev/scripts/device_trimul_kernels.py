@@ -1,7 +1,6 @@
 """On the GPU machine: the CUDA kernels of one training call (forward + backward) of the triangle
-multiplicative update through the Python front end, in launch order, with each triangle product's
-TFLOP/s as if a product (2 N^3 Ch) beside every wgmma GEMM with a store epilogue: the products
-and the split-K weight gradients, told apart by their templates and times.
+multiplicative update through the Python front end, in launch order, with the TFLOP/s (2 N^3 Ch)
+beside each triangle product (the TMA loop's kernels with a TMA store epilogue).
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_trimul_kernels.py
        [--n 768,2048] [--c 128] [--direction outgoing|incoming] [--label NAME] [--inference]
 --inference: the kernels of one forward under torch.no_grad() (nothing saved) instead."""
@@ -64,8 +63,8 @@ def main():
         )
         for name, t in rows:
             tag = ""
-            if "gemm_wgmma" in name and "StoreEpilogue" in name:
-                tag = f"  {flop / (t * 1e-6) / 1e12:6.0f} TFLOP/s if a product"
+            if "gemm_tma_kernel" in name and "TmaStoreEpilogue" in name:
+                tag = f"  {flop / (t * 1e-6) / 1e12:6.0f} TFLOP/s"
             print(f"  {t:9.1f} us  {short(name)}{tag}")
 
 
