@@ -45,8 +45,9 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
                                                          1, epi, s);
 }
 
-// A long-K product (4 or more k-steps: the triangle products, K = N; the weight gradients,
-// K = B N^2; the d xhat products, K = 2C and 4Ch + C): on wgmma or mma.sync (kLongKWgmma).
+// A long-K product (4 or more k-steps: the weight gradients, K = B N^2; the d xhat products,
+// K = 2C and 4Ch + C; the triangle products where the TMA loop cannot take them, K = N): on
+// wgmma or mma.sync (kLongKWgmma).
 // The short ones (K = C or Ch, two k-steps) whose epilogues prefetch an operand stay on
 // mma.sync; the input projection (project above) runs on wgmma.
 template <class T, Major AM, Major BMJ, class Epi>

@@ -49,8 +49,9 @@ struct ProductTile {
   static constexpr int kBlockN = 256, kStages = 4;
 };
 
-// The long-K products (4+ k-steps: triangle products, K = N, the cubic work; weight gradients,
-// K = B N^2 in split-K chunks; the d xhat products) run on wgmma (gemm_wgmma.cuh); false: on
+// The long-K products (4+ k-steps: weight gradients, K = B N^2 in split-K chunks; the d xhat
+// products; the triangle products where the TMA loop cannot take them) run on wgmma
+// (gemm_wgmma.cuh); false: on
 // the mma.sync main loop like the short-K products whose epilogues prefetch an operand.
 constexpr bool kLongKWgmma = true;
 
