@@ -1,10 +1,9 @@
 // The GEMM engine's main loop on Hopper's warpgroup MMA (wgmma, sm_90a), for the long-K
 // products (weight gradients, d x̂ products; the triangle products where gemm_tma.cuh's loop
 // cannot take them) and the input projection: each of the block's two warpgroups owns 64 rows
-// of the 128 x 128 tile and
-// issues four m64n128k16 per k-step straight from the swizzled shared-memory stages (no
-// ldmatrix, no per-warp operand fragments: mma.sync reached ~300 TFLOP/s on these products,
-// with half the issue slots spent feeding it). Loads, stages, staging of the accumulators and
+// of the 128 x 128 tile and issues four m64n128k16 per k-step straight from the swizzled
+// shared-memory stages (no ldmatrix, no per-warp operand fragments: mma.sync reached ~300
+// TFLOP/s on these products, with half the issue slots spent feeding it). Loads, stages, staging of the accumulators and
 // the epilogues are the mma.sync engine's (gemm.cuh).
 //
 // Operand tiles as wgmma reads them with 128-byte swizzling, from a 1024-byte aligned stage:
