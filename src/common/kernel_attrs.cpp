@@ -24,4 +24,14 @@ cudaError_t allow_dynamic_smem(const void* kernel, int bytes) {
   return cudaSuccess;
 }
 
+cudaError_t persistent_grid(int64_t tiles, int blocks_per_sm, unsigned* grid) {
+  int device = 0, sms = 0;
+  cudaError_t e;
+  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
+  const int64_t most = int64_t{sms} * blocks_per_sm;
+  *grid = static_cast<unsigned>(tiles < most ? tiles : most);
+  return cudaSuccess;
+}
+
 }  // namespace tpf::detail

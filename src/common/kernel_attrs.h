@@ -6,6 +6,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace tpf::detail {
 
 cudaError_t allow_dynamic_smem(const void* kernel, int bytes);
@@ -14,5 +16,9 @@ template <class Kernel>
 cudaError_t allow_dynamic_smem(Kernel* kernel, int bytes) {
   return allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
 }
+
+// The grid of a persistent kernel on the current device: blocks_per_sm blocks a multiprocessor,
+// at most one a tile; or the error of the device query.
+cudaError_t persistent_grid(int64_t tiles, int blocks_per_sm, unsigned* grid);
 
 }  // namespace tpf::detail

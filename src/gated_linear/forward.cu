@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "activation/gate_math.cuh"
+#include "common/kernel_attrs.h"
 #include "common/mma.cuh"
 #include "common/swizzle.cuh"
 #include "common/wgmma.cuh"
@@ -144,12 +145,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) forward_kernel(FwdArgs
 
 template <class Tout>
 cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  cudaError_t e;
-  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
-  const int64_t tiles = (row_count(a.shape) + kTileRows - 1) / kTileRows, most = int64_t(sms) * kBlocksPerSm;
-  forward_kernel<Tout><<<static_cast<unsigned>(tiles < most ? tiles : most), kThreads, 0, stream>>>(a);
+  const int64_t tiles = (row_count(a.shape) + kTileRows - 1) / kTileRows;
+  unsigned grid = 0;
+  if (const cudaError_t e = tpf::detail::persistent_grid(tiles, kBlocksPerSm, &grid); e != cudaSuccess) return e;
+  forward_kernel<Tout><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

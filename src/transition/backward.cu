@@ -215,7 +215,7 @@ cudaError_t backward(const BwdArgs& a, cudaStream_t stream) {
     return cudaErrorNotSupported;
   unsigned blocks = 0;
   cudaError_t e;
-  if ((e = persistent_blocks(tile_count(a.rows), &blocks)) != cudaSuccess) return e;
+  if ((e = tpf::detail::persistent_grid(tile_count(a.rows), 1, &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(backward_kernel, Layout::bytes)) != cudaSuccess) return e;
   backward_kernel<<<blocks, kBlockThreads, Layout::bytes, stream>>>(a, m);
   return cudaGetLastError();

@@ -244,7 +244,7 @@ cudaError_t launch(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBytes = Layout<Tx>::bytes;
   unsigned blocks = 0;
   cudaError_t e;
-  if ((e = persistent_blocks(tile_count(a.rows), &blocks)) != cudaSuccess) return e;
+  if ((e = tpf::detail::persistent_grid(tile_count(a.rows), 1, &blocks)) != cudaSuccess) return e;
   if ((e = detail::allow_dynamic_smem(forward_kernel<Tx>, kBytes)) != cudaSuccess) return e;
   forward_kernel<Tx><<<blocks, kBlockThreads, kBytes, stream>>>(a, m);
   return cudaGetLastError();

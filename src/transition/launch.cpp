@@ -21,13 +21,4 @@ bool encode_weights(CUtensorMap* w_ab, CUtensorMap* w_o, const void* wab, const 
          encode_rows(w_o, wo, kBf16, 2, kC, H, 64, kC, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-cudaError_t persistent_blocks(int64_t tiles, unsigned* blocks) {
-  int device = 0, sms = 0;
-  cudaError_t e;
-  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
-  *blocks = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  return cudaSuccess;
-}
-
 }  // namespace tpf::transition

@@ -1,4 +1,4 @@
-// Host side of the fused transition kernels: their tensor maps and persistent grids.
+// Host side of the fused transition kernels: their tensor maps.
 #pragma once
 #include <cuda.h>  // CUtensorMap (types only)
 #include <cuda_runtime.h>
@@ -13,7 +13,5 @@ bool encode_rows(CUtensorMap* map, const void* p, CUtensorMapDataType type, int 
 // The weights' maps: W_ab [2H][C] in [64 c][64 rows] boxes, W_o [C][H] in [64 hidden][C]
 // boxes, both 128B-swizzled (bf16).
 bool encode_weights(CUtensorMap* w_ab, CUtensorMap* w_o, const void* wab, const void* wo, int H);
-// One block a multiprocessor, at most one a tile; or the error of the device query.
-cudaError_t persistent_blocks(int64_t tiles, unsigned* blocks);
 
 }  // namespace tpf::transition

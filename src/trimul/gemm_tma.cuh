@@ -229,15 +229,12 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
                             cudaStream_t stream) {
   auto* kernel = gemm_tma_kernel<T, AM, BMJ, Epi>;
   constexpr int kSmem = tma_loop_smem_bytes<Epi>();
-  cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kSmem);
-  int device = 0, sms = 0;
-  if (e != cudaSuccess || (e = cudaGetDevice(&device)) != cudaSuccess ||
-      (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
-    return e;
   const int64_t tiles = ((s.M + TCfg::kBlockM - 1) / TCfg::kBlockM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) *
                         int64_t{batches};
   if (tiles == 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
+  unsigned grid = 0;
+  cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kSmem);
+  if (e != cudaSuccess || (e = tpf::detail::persistent_grid(tiles, 1, &grid)) != cudaSuccess) return e;
   kernel<<<grid, TCfg::kThreads, kSmem, stream>>>(maps, s, batches, epi);
   return cudaGetLastError();
 }
