@@ -1,5 +1,6 @@
 // GEMM epilogues of the multiplicative-update stages: what each product's fp32 tile becomes.
 #pragma once
+#include "common/warp_roles.cuh"
 #include "trimul/gemm.cuh"
 #include "trimul/layout.h"
 
@@ -36,7 +37,8 @@ __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
 // output-gate columns. a and b go channel-major (the triangle product's operands, T) and, where
 // asked, as bf16 copies (a saving forward keeps them for the backward's bf16 products); the
 // output gate pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the
-// backward's).
+// backward's). This epilogue serves the wgmma loop: the output-gate tiles from its fragments,
+// and the a/b tiles where N % 8 != 0 (elsewhere ProjectAbEpilogue on the TMA loop takes them).
 template <class T>
 struct ProjectEpilogue {
   Dims d;
@@ -45,69 +47,15 @@ struct ProjectEpilogue {
   T *a, *b;                       // channel-major
   __nv_bfloat16 *a_bf, *b_bf;     // channel-major copies, optional
   __half *gate, *logit;           // [M][C], each optional
+  int n_base = 0;                 // the wcat row of the product's column 0 (4Ch: the gate columns only)
   // a/b tiles are staged channel-major: their stores run along pixels.
-  __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
+  __device__ bool channel_major_tile(int n0) const { return n0 + n_base < 4 * d.Ch; }
 
-  // The a/b tiles when N % 8 == 0 (no row pads; 8 pixels from a multiple of 8 lie in one matrix
-  // row), from wgmma's accumulators (gemm_wgmma.cuh): the warp holds 16 pixel rows from row0 and
-  // the tile's 64 channels, both logits of channel 4i + t in one thread (acc[4i + 2h], the
-  // projection, and acc[4i + 2h + 1], the gate, at pixel row row0 + g + 8h; dlin_order.h). Each
-  // thread forms a = sigmoid(g) p mask, stmatrix transposes each 8 pixel x 8 channel block as
-  // 16-bit values into shared memory, and lanes store 8 pixels of a channel (16 bytes) at a time,
-  // a half-warp per channel's 128 pixels. Other N take the staged path; the output-gate tile
-  // goes to gate_fragments().
-  // Shared memory: [64 channels][128 pixels] of T, then the same of bf16 for the copy; the
-  // 16-byte chunk k of channel i's row sits at k ^ (i % 8), so that the eight rows one stmatrix
-  // writes (8 channels) fall in distinct banks.
-  __device__ static int cm_chunk(int i, int k) { return i * Cfg::kBlockM * 2 + ((k ^ (i & 7)) << 4); }  // bytes
-  static constexpr int kCopyAt = 64 * Cfg::kBlockM * 2;  // bytes: the bf16 copy's tile
-
+  // The output-gate tiles from registers; the a/b tiles take the staged path.
   __device__ bool wgmma_fragments(const EpiTile& t, const float (&acc)[64], int row0, int64_t m0, int n0,
                                   int) const {
-    if (n0 >= 4 * d.Ch) {
-      gate_fragments(t, acc, row0, m0, n0);
-      return true;
-    }
-    if (d.N % 8 != 0) return false;
-    const int64_t M = d.M();
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    float* mk = t.scratch;                   // [128] the tile's pixel masks
-    float* bs = t.scratch + Cfg::kBlockM;    // [128] its biases, by column
-    if (threadIdx.x < Cfg::kBlockM) {
-      const int64_t m = m0 + threadIdx.x;
-      mk[threadIdx.x] = m < M ? mask_at(mask, m, d.N) : 0.f;
-      if (threadIdx.x % 8 == 0) t.rows[threadIdx.x] = m < M ? cm_offset(d, m, 0) : 0;
-    } else {
-      bs[threadIdx.x - Cfg::kBlockM] = bias[n0 + threadIdx.x - Cfg::kBlockM];  // a/b tiles: all in range
-    }
-    __syncthreads();
-    const uint32_t s16 = dev::smem_addr(t.c);
-    const float mr[2] = {mk[row0 + g], mk[row0 + 8 + g]};  // [h]
-    // This lane's stmatrix row: matrix mx = 2 h + k holds channels 16q + 8k + {t, 4 + t} at pixel
-    // rows row0 + 8h; its transpose's row j is channel 16q + 8k + 4 (j % 2) + j / 2.
-    const int mx = lane >> 3, j = lane & 7;
-    const int st_ch = 8 * (mx & 1) + 4 * (j & 1) + (j >> 1), chunk = row0 / 8 + (mx >> 1);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t v16[4], vbf[4];  // [2h + k] two channels' a at one pixel, packed
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float v[2];  // [e] channel 16q + 8k + 4e + t
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 4 * q + 2 * k + e, c = 8 * i + 2 * tq;  // n8 tile, the channel's first column
-            v[e] = sigmoid(acc[4 * i + 2 * h + 1] + bs[c + 1]) * (acc[4 * i + 2 * h] + bs[c]) * mr[h];
-          }
-          v16[2 * h + k] = dev::MmaOp<T>::pack(v[0], v[1]);
-          vbf[2 * h + k] = dev::MmaOp<__nv_bfloat16>::pack(v[0], v[1]);
-        }
-      dev::stmatrix_x4_trans(s16 + cm_chunk(16 * q + st_ch, chunk), v16);
-      if (a_bf) dev::stmatrix_x4_trans(s16 + kCopyAt + cm_chunk(16 * q + st_ch, chunk), vbf);
-    }
-    __syncthreads();
-    store_ab(t, m0, n0);
+    if (n0 + n_base < 4 * d.Ch) return false;
+    gate_fragments(t, acc, row0, m0, n0 + n_base);
     return true;
   }
 
@@ -147,28 +95,9 @@ struct ProjectEpilogue {
     }
   }
 
-  // The staged [64 channels][128 pixels] tiles to a, b (and the copies), 16 bytes a store.
-  __device__ void store_ab(const EpiTile& t, int64_t m0, int n0) const {
-    const int64_t M = d.M(), plane = d.plane();
-    const int Ch = static_cast<int>(d.Ch);
-    const uint8_t* stage = reinterpret_cast<const uint8_t*>(t.c);
-    constexpr int kChunks = 64 * Cfg::kBlockM / 8;  // 16-byte chunks of the 64-channel tile
-#pragma unroll
-    for (int q = threadIdx.x; q < kChunks; q += Cfg::kThreads) {
-      const int i = q / 16, k = q % 16, ch = n0 / 2 + i;
-      if (m0 + 8 * k >= M) continue;  // M % 8 == 0: a chunk is all in or all out
-      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + t.rows[8 * k];
-      *reinterpret_cast<uint4*>((ch < Ch ? a : b) + off) = *reinterpret_cast<const uint4*>(stage + cm_chunk(i, k));
-      if (a_bf)
-        *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) =
-            *reinterpret_cast<const uint4*>(stage + kCopyAt + cm_chunk(i, k));
-    }
-  }
-
-  // The a/b tiles when N % 8 != 0 (wgmma_fragments() takes every other tile), staged
-  // channel-major.
+  // The a/b tiles when N % 8 != 0, staged channel-major.
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
-    project_ab_scalar(t, m0, n0, stage_bias(t, bias, n0, static_cast<int>(d.proj_cols())));
+    project_ab_scalar(t, m0, n0 + n_base, stage_bias(t, bias, n0 + n_base, static_cast<int>(d.proj_cols())));
   }
 
   // Any N: one element per store, the pixel at the end of a matrix row also zeroes its pads.
@@ -195,6 +124,94 @@ struct ProjectEpilogue {
           dst[j] = to16<T>(0.f);
           if (copy) copy[j] = to16<__nv_bfloat16>(0.f);
         }
+    }
+  }
+};
+
+// The input projection's a/b tiles on the TMA loop (gemm_tma.cuh) where N % 8 == 0 (no row pads;
+// 8 pixels from a multiple of 8 lie in one matrix row). Each consumer warpgroup forms
+// a = sigmoid(g) p mask for its 64 pixel rows and the tile's 64 channels from its accumulators
+// (both logits of channel 4i + t in one thread: acc[4i + 2h], the projection, and
+// acc[4i + 2h + 1], the gate, at pixel row 16w + g + 8h; dlin_order.h); stmatrix transposes each
+// 8 pixel x 8 channel block as 16-bit values into the warpgroup's buffer [64 channels][64
+// pixels], whose 16-byte chunk k of channel i's 128-byte row sits at k ^ (i % 8) (the eight rows
+// one stmatrix writes fall in distinct banks); then its lanes store 8 pixels of a channel (16
+// bytes) at a time.
+template <class T>
+struct ProjectAbEpilogue {
+  static constexpr int kBlockN = ProjectTile::kBlockN, kStages = ProjectTile::kStages;
+  static constexpr int kConsumers = ProjectTile::kConsumers, kProducerRegs = ProjectTile::kProducerRegs,
+                       kConsumerRegs = ProjectTile::kConsumerRegs;
+  static constexpr int kTileBytes = 64 * 64 * 2;            // [64 channels][64 pixels], 16-bit
+  static constexpr int kBufBytes = 2 * kTileBytes + 8 * 8;  // T's tile, the bf16 copy's, 8 chunk offsets
+  static constexpr int kBiasBytes = 4 * 256 * 4;            // the a/b columns' biases, 4Ch <= 1024
+  static constexpr int kSmemBytes = kBiasBytes + kConsumers * kBufBytes;
+  Dims d;
+  const float* bias;  // [4Ch + C], LayerNorm beta folded in
+  MaskRef mask;
+  T *a, *b;                    // channel-major
+  __nv_bfloat16 *a_bf, *b_bf;  // channel-major copies, optional
+
+  __device__ static int cm_chunk(int i, int k) { return i * 128 + ((k ^ (i & 7)) << 4); }  // bytes
+
+  __device__ void start(uint8_t* smem, int) const {
+    float* bs = reinterpret_cast<float*>(smem);
+    for (int i = threadIdx.x; i < 4 * d.Ch; i += 128 * kConsumers) bs[i] = bias[i];
+  }
+  __device__ void finish(int) const {}
+
+  __device__ void tile(uint8_t* smem, const float (&acc)[1][64], int cw, int64_t m0, int n0, int, int) const {
+    const int64_t M = d.M(), r0 = m0 + 64 * cw;  // the warpgroup's first pixel
+    const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, tq = lane & 3;
+    const int wt = threadIdx.x % 128;
+    const float* bs = reinterpret_cast<const float*>(smem) + n0;  // [128] the tile's biases
+    uint8_t* buf = smem + kBiasBytes + cw * kBufBytes;
+    int64_t* rows = reinterpret_cast<int64_t*>(buf + 2 * kTileBytes);  // [8] chunk q's channel-0 offset, -1 past M
+    float mr[2];  // [h] the masks of this thread's pixel rows
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = r0 + 16 * w + g + 8 * h;
+      mr[h] = m < M ? mask_at(mask, m, d.N) : 0.f;
+    }
+    dev::bar_sync(1 + cw, 128);  // the previous tile's stores have read the buffer
+    if (wt < 8) rows[wt] = r0 + 8 * wt < M ? cm_offset(d, r0 + 8 * wt, 0) : -1;
+    const uint32_t s16 = dev::smem_addr(buf);
+    // This lane's stmatrix row: matrix mx = 2 h + k holds channels 16q + 8k + {t, 4 + t} at pixel
+    // rows 16w + 8h; its transpose's row j is channel 16q + 8k + 4 (j % 2) + j / 2.
+    const int mx = lane >> 3, j = lane & 7;
+    const int st_ch = 8 * (mx & 1) + 4 * (j & 1) + (j >> 1), chunk = 2 * w + (mx >> 1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t v16[4], vbf[4];  // [2h + k] two channels' a at one pixel, packed
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          float v[2];  // [e] channel 16q + 8kk + 4e + t
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * q + 2 * kk + e, c = 8 * i + 2 * tq;  // n8 tile, the channel's first column
+            v[e] = sigmoid(acc[0][4 * i + 2 * h + 1] + bs[c + 1]) * (acc[0][4 * i + 2 * h] + bs[c]) * mr[h];
+          }
+          v16[2 * h + kk] = dev::MmaOp<T>::pack(v[0], v[1]);
+          vbf[2 * h + kk] = dev::MmaOp<__nv_bfloat16>::pack(v[0], v[1]);
+        }
+      dev::stmatrix_x4_trans(s16 + cm_chunk(16 * q + st_ch, chunk), v16);
+      if (a_bf) dev::stmatrix_x4_trans(s16 + kTileBytes + cm_chunk(16 * q + st_ch, chunk), vbf);
+    }
+    dev::bar_sync(1 + cw, 128);
+    const int64_t plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch);
+#pragma unroll
+    for (int q = wt; q < 64 * 8; q += 128) {  // 16-byte chunks: channel q / 8, pixels 8 (q % 8) ..
+      const int i = q / 8, kk = q % 8, ch = n0 / 2 + i;
+      const int64_t row = rows[kk];
+      if (row < 0) continue;
+      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + row;
+      *reinterpret_cast<uint4*>((ch < Ch ? a : b) + off) = *reinterpret_cast<const uint4*>(buf + cm_chunk(i, kk));
+      if (a_bf)
+        *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) =
+            *reinterpret_cast<const uint4*>(buf + kTileBytes + cm_chunk(i, kk));
     }
   }
 };

@@ -1,7 +1,7 @@
 // The GEMM engine's persistent main loop on Hopper's native path, for the triangle products (K =
-// N, batched over channels: the op's cubic work). One
+// N, batched over channels: the op's cubic work) and the input projection's a/b columns. One
 // block per SM walks the output tiles; its producer warp copies each k-step's operand tiles with
-// TMA into a ring of stages, and two consumer warpgroups (64 rows each) run m64n128k16 wgmma
+// TMA into a ring of stages, and its consumer warpgroups (64 rows each) run m64n128k16 wgmma
 // straight from the stages, keeping one k-step's batch in flight while they release the stage
 // before it. Each consumer warpgroup then hands its accumulators to the epilogue and goes on
 // to its next tile; the producer runs ahead into that tile meanwhile, so the epilogue overlaps
@@ -9,16 +9,17 @@
 // tile's MMAs). Tiles, swizzle and descriptors are the wgmma engine's (gemm_wgmma.cuh).
 //
 // Stage layout (128-byte swizzle, 1024-byte aligned, as TMA's SWIZZLE_128B writes it):
-//   K-major  [rows][64 k]: one box of 128 (A) or kBlockN (B) rows of 128 bytes.
+//   K-major  [rows][64 k]: one box of kBlockM (A) or kBlockN (B) rows of 128 bytes.
 //   MN-major [64 k][rows]: boxes of [64 k][64 mn], 8 KB apart (the descriptors' LBO).
 //
-// An epilogue Epi defines kBlockN and kStages (its tile table row, tile_config.h), kSmemBytes
-// (its shared memory after the stages, 1024-byte aligned), and
+// An epilogue Epi defines kBlockN, kStages, kConsumers, kProducerRegs and kConsumerRegs (its
+// tile table row, tile_config.h; tiles are 64 kConsumers rows), kSmemBytes (its shared memory
+// after the stages, 1024-byte aligned), and
 //   start(smem, cw)                                 once per consumer warpgroup, before its first tile
 //   tile(smem, acc, cw, m0, n0, z, k)               the warpgroup's rows of its k-th tile
 //   finish(cw)                                      after its last tile
 // with acc[kBlockN / 128][64] in the wgmma accumulator layout (common/wgmma.cuh); named
-// barriers 1 + cw are the warpgroups' own, 3 spans both.
+// barriers 1 + cw are the warpgroups' own, kConsumers + 1 spans them all.
 #pragma once
 #include <cuda.h>
 
@@ -31,6 +32,11 @@
 namespace tpf::trimul {
 
 using TCfg = TmaLoopConfig;
+
+template <class Epi>
+constexpr int kTmaBlockM = 64 * Epi::kConsumers;
+template <class Epi>
+constexpr int kTmaThreads = 128 * (Epi::kConsumers + 1);  // + the producer's warpgroup
 
 struct TmaOperands {
   CUtensorMap a, b;  // 3-D: (columns, rows, batch) of each operand as stored
@@ -54,15 +60,16 @@ inline bool encode_tma_matrices(CUtensorMap* map, const void* ptr, int64_t ld, i
   return tpf::detail::encode_tma(map, ptr, type, t, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// The operands' maps for tiles of 128 x block_n (K-major boxes: 64 columns x the tile's rows;
+// The operands' maps for tiles of block_m x block_n (K-major boxes: 64 columns x the tile's rows;
 // MN-major: 64 x 64); false where TMA cannot reach one (a row offset among them).
 template <class T, Major AM, Major BMJ>
-bool encode_tma_operands(TmaOperands* maps, const Operand& A, const Operand& B, int block_n, int batches) {
+bool encode_tma_operands(TmaOperands* maps, const Operand& A, const Operand& B, int block_m, int block_n,
+                         int batches) {
   constexpr CUtensorMapDataType kType =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return A.row0 == 0 && B.row0 == 0 &&
          encode_tma_matrices(&maps->a, A.ptr, A.ld, A.batch_stride, A.rows, A.cols, kType, 2,
-                             AM == Major::kMN ? 64 : TCfg::kBlockM, batches) &&
+                             AM == Major::kMN ? 64 : block_m, batches) &&
          encode_tma_matrices(&maps->b, B.ptr, B.ld, B.batch_stride, B.rows, B.cols, kType, 2,
                              BMJ == Major::kMN ? 64 : block_n, batches);
 }
@@ -71,13 +78,13 @@ namespace detail {
 
 // The block's output tiles in order: n fastest, then m, then the batch (tiles of one matrix
 // share its operands in L2).
-template <int kBN>
+template <int kBM, int kBN>
 struct TmaTiles {
   int m_tiles, n_tiles;
   int64_t total;
   int nk;  // k-steps a tile
   __device__ TmaTiles(const GemmShape& s, int batches)
-      : m_tiles(static_cast<int>((s.M + TCfg::kBlockM - 1) / TCfg::kBlockM)),
+      : m_tiles(static_cast<int>((s.M + kBM - 1) / kBM)),
         n_tiles((s.N + kBN - 1) / kBN),
         total(int64_t{m_tiles} * n_tiles * batches),
         nk(static_cast<int>((s.K + TCfg::kBlockK - 1) / TCfg::kBlockK)) {}
@@ -85,16 +92,16 @@ struct TmaTiles {
     const int64_t per_batch = int64_t{m_tiles} * n_tiles;
     z = static_cast<int>(t / per_batch);
     const int64_t r = t % per_batch;
-    m0 = (r / n_tiles) * TCfg::kBlockM;
+    m0 = (r / n_tiles) * kBM;
     n0 = static_cast<int>(r % n_tiles) * kBN;
   }
 };
 
 // The ring of stages and its two barriers per stage: full (the producer's copies landed) and
 // empty (every consumer warp's wgmma that read it completed).
-template <int kBN, int kStages>
+template <int kBM, int kBN, int kStages>
 struct TmaRing {
-  static constexpr uint32_t kABytes = TCfg::kBlockM * TCfg::kBlockK * 2;  // 16 KB
+  static constexpr uint32_t kABytes = kBM * TCfg::kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBN * TCfg::kBlockK * 2;
   uint32_t base;  // shared address of stage 0 (1024-byte aligned)
   uint32_t bars;  // full[kStages], then empty[kStages], 8 bytes each
@@ -119,8 +126,9 @@ __device__ __forceinline__ void copy_operand(uint32_t dst, const CUtensorMap* ma
 
 // The producer (one thread): every tile's k-steps, in the consumers' order, each into the next
 // stage of the ring once the consumers have released it.
-template <Major AM, Major BMJ, int kBN, int kStages>
-__device__ void produce(const TmaOperands& maps, const TmaRing<kBN, kStages>& ring, const TmaTiles<kBN>& tiles) {
+template <Major AM, Major BMJ, int kBM, int kBN, int kStages>
+__device__ void produce(const TmaOperands& maps, const TmaRing<kBM, kBN, kStages>& ring,
+                        const TmaTiles<kBM, kBN>& tiles) {
   int it = 0;  // k-steps issued so far: stage it % kStages, pass it / kStages
   for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x) {
     int64_t m0;
@@ -131,7 +139,7 @@ __device__ void produce(const TmaOperands& maps, const TmaRing<kBN, kStages>& ri
       dev::mbar_wait(ring.empty(st), ((it / kStages) & 1) ^ 1);  // a fresh barrier's "previous" phase
       dev::mbar_arrive_expect_tx(ring.full(st), ring.kStageBytes);  // boxes past the extents count, zero-filled
       const int64_t k0 = int64_t{kt} * TCfg::kBlockK;
-      copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), TCfg::kBlockM, m0, k0, z);
+      copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), kBM, m0, k0, z);
       copy_operand<BMJ>(ring.b(st), &maps.b, ring.full(st), kBN, n0, k0, z);
     }
   }
@@ -140,13 +148,14 @@ __device__ void produce(const TmaOperands& maps, const TmaRing<kBN, kStages>& ri
 // Consumer warpgroup cw (rows 64 cw of each tile): per tile, the k-steps' wgmma into acc (its
 // 128-column parts), then the epilogue.
 template <class T, Major AM, Major BMJ, class Epi>
-__device__ void consume(const TmaRing<Epi::kBlockN, Epi::kStages>& ring, const TmaTiles<Epi::kBlockN>& tiles,
-                        const Epi& epi, uint8_t* esmem, int cw) {
+__device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStages>& ring,
+                        const TmaTiles<kTmaBlockM<Epi>, Epi::kBlockN>& tiles, const Epi& epi, uint8_t* esmem,
+                        int cw) {
   constexpr int kParts = Epi::kBlockN / 128;
   const int lane = threadIdx.x & 31;
   int it = 0, k = 0;
   epi.start(esmem, cw);
-  dev::bar_sync(3, 128 * TCfg::kConsumers);
+  dev::bar_sync(Epi::kConsumers + 1, 128 * Epi::kConsumers);
   for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x, ++k) {
     int64_t m0;
     int n0, z;
@@ -182,42 +191,43 @@ __device__ void consume(const TmaRing<Epi::kBlockN, Epi::kStages>& ring, const T
 
 template <class Epi>
 constexpr int tma_loop_smem_bytes() {
-  return Epi::kStages * detail::TmaRing<Epi::kBlockN, Epi::kStages>::kStageBytes + Epi::kSmemBytes + 1024 +
+  return Epi::kStages * detail::TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStages>::kStageBytes + Epi::kSmemBytes +
+         1024 +
          16 * Epi::kStages;
 }
 
 template <class T, Major AM, Major BMJ, class Epi>
-__global__ void __launch_bounds__(TCfg::kThreads, 1)
+__global__ void __launch_bounds__(kTmaThreads<Epi>, 1)
     gemm_tma_kernel(const __grid_constant__ TmaOperands maps, const GemmShape s, const int batches,
                     const __grid_constant__ Epi epi) {
-  static_assert(TCfg::kBlockM == 64 * TCfg::kConsumers && Epi::kBlockN % 128 == 0 && TCfg::kBlockK == 64,
-                "a consumer warpgroup owns 64 rows; m64n128k16 per 128 columns and k16 step");
+  static_assert(Epi::kBlockN % 128 == 0 && TCfg::kBlockK == 64 && Epi::kConsumers + 1 <= 15,
+                "m64n128k16 per 128 columns and k16 step; named barriers 1 .. kConsumers + 1");
   static_assert(tma_loop_smem_bytes<Epi>() <= 227 * 1024, "one block per SM");
   // setmaxnreg moves registers within what the launch allocated (registers a thread, a multiple of
   // 8, times the threads): an increase past that pool never returns.
-  static_assert(TCfg::kProducerRegs * 128 + TCfg::kConsumerRegs * 128 * TCfg::kConsumers <=
-                    (65536 / TCfg::kThreads) / 8 * 8 * TCfg::kThreads,
+  static_assert(Epi::kProducerRegs * 128 + Epi::kConsumerRegs * 128 * Epi::kConsumers <=
+                    (65536 / kTmaThreads<Epi>) / 8 * 8 * kTmaThreads<Epi>,
                 "setmaxnreg: within the launch's register pool");
-  using Ring = detail::TmaRing<Epi::kBlockN, Epi::kStages>;
+  using Ring = detail::TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStages>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const uint32_t raw = dev::smem_addr(smem_raw), pad = (1024 - (raw & 1023)) & 1023, base = raw + pad;
   uint8_t* esmem = smem_raw + pad + Epi::kStages * Ring::kStageBytes;  // the epilogue's, 1024-byte aligned
   const Ring ring{base, base + Epi::kStages * Ring::kStageBytes + Epi::kSmemBytes};
-  const detail::TmaTiles<Epi::kBlockN> tiles(s, batches);
+  const detail::TmaTiles<kTmaBlockM<Epi>, Epi::kBlockN> tiles(s, batches);
   if (threadIdx.x == 0) {
     for (int st = 0; st < Epi::kStages; ++st) {
       dev::mbar_init(ring.full(st), 1);
-      dev::mbar_init(ring.empty(st), 4 * TCfg::kConsumers);  // one arrival per consumer warp
+      dev::mbar_init(ring.empty(st), 4 * Epi::kConsumers);  // one arrival per consumer warp
     }
     dev::mbar_init_fence();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
-  if (wg == TCfg::kConsumers) {
-    dev::regs_decrease<TCfg::kProducerRegs>();
-    if (threadIdx.x == 128 * TCfg::kConsumers) detail::produce<AM, BMJ>(maps, ring, tiles);
+  if (wg == Epi::kConsumers) {
+    dev::regs_decrease<Epi::kProducerRegs>();
+    if (threadIdx.x == 128 * Epi::kConsumers) detail::produce<AM, BMJ>(maps, ring, tiles);
   } else {
-    dev::regs_increase<TCfg::kConsumerRegs>();
+    dev::regs_increase<Epi::kConsumerRegs>();
     detail::consume<T, AM, BMJ>(ring, tiles, epi, esmem, wg);
   }
 }
@@ -229,13 +239,13 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
                             cudaStream_t stream) {
   auto* kernel = gemm_tma_kernel<T, AM, BMJ, Epi>;
   constexpr int kSmem = tma_loop_smem_bytes<Epi>();
-  const int64_t tiles = ((s.M + TCfg::kBlockM - 1) / TCfg::kBlockM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) *
-                        int64_t{batches};
+  constexpr int kBM = kTmaBlockM<Epi>;
+  const int64_t tiles = ((s.M + kBM - 1) / kBM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) * int64_t{batches};
   if (tiles == 0) return cudaSuccess;
   unsigned grid = 0;
   cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kSmem);
   if (e != cudaSuccess || (e = tpf::detail::persistent_grid(tiles, 1, &grid)) != cudaSuccess) return e;
-  kernel<<<grid, TCfg::kThreads, kSmem, stream>>>(maps, s, batches, epi);
+  kernel<<<grid, kTmaThreads<Epi>, kSmem, stream>>>(maps, s, batches, epi);
   return cudaGetLastError();
 }
 
@@ -246,8 +256,10 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
 template <class OutT>
 struct TmaStoreEpilogue {
   static constexpr int kBlockN = ProductTile::kBlockN, kStages = ProductTile::kStages;
+  static constexpr int kConsumers = ProductTile::kConsumers, kProducerRegs = ProductTile::kProducerRegs,
+                       kConsumerRegs = ProductTile::kConsumerRegs;
   static constexpr int kSlotBytes = 64 * 128;  // one box: 64 rows of 128 bytes
-  static constexpr int kSmemBytes = 2 * TCfg::kConsumers * kSlotBytes;
+  static constexpr int kSmemBytes = 2 * kConsumers * kSlotBytes;
   static constexpr int kCols = 128 / sizeof(OutT);  // a box's columns: 64 16-bit or 32 fp32
   static constexpr int kBoxes = kBlockN / kCols;    // a tile's
   CUtensorMap out;                                  // C: (columns, rows, batch), boxes of 128 bytes x 64 rows
@@ -304,7 +316,8 @@ cudaError_t launch_product(const Operand& A, const Operand& B, const GemmShape& 
   TmaOperands maps{};
   TmaStoreEpilogue<OutT> epi{};
   const bool tma = s.k_chunk == 0 && s.m_begin == 0 && out.col_scale.ptr == nullptr &&
-                   encode_tma_operands<T, AM, BMJ>(&maps, A, B, ProductTile::kBlockN, batches) &&
+                   encode_tma_operands<T, AM, BMJ>(&maps, A, B, kTmaBlockM<TmaStoreEpilogue<OutT>>,
+                                                   ProductTile::kBlockN, batches) &&
                    encode_tma_matrices(&epi.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols, kOut,
                                        sizeof(OutT), 64, batches);
   if (!tma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, s, batches, out, stream);

@@ -33,20 +33,25 @@ struct GemmConfig {
 };
 
 // The TMA loop (gemm_tma.cuh): one persistent block per SM, a producer warp issuing TMA copies
-// into a ring of stages and two consumer warpgroups of 64 rows each (128-row tiles, 64-wide
-// k-steps). setmaxnreg: the producer gives up registers so that the consumers hold up to 128
-// accumulators (40 x 128 + 232 x 256 <= 65536).
+// into a ring of stages and consumer warpgroups of 64 rows each (64-wide k-steps). Each use
+// picks its tile width, stages and consumers, and the setmaxnreg split: the producer's
+// warpgroup gives up registers to the consumers, within what the launch allocated.
 struct TmaLoopConfig {
-  static constexpr int kBlockM = 128, kBlockK = 64;
-  static constexpr int kConsumers = 2;                     // warpgroups
-  static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer's warpgroup
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kBlockK = 64;
 };
-// Its tile for the triangle products (K = N, the op's cubic work): 256 columns, four 48 KB
-// stages. At 128 x 128 the products read ~1.8 GB from L2 at N = 768 and ran at L2's pace; 256
-// columns cut that by a quarter, and four stages keep three k-steps in flight.
+// The triangle products (K = N, the op's cubic work): 128 x 256 tiles, four 48 KB stages, two
+// consumers with 128 accumulators each (40 x 128 + 232 x 256 registers). At 128 x 128 the
+// products read ~1.8 GB from L2 at N = 768 and ran at L2's pace; 256 columns cut that by a
+// quarter, and four stages keep three k-steps in flight.
 struct ProductTile {
-  static constexpr int kBlockN = 256, kStages = 4;
+  static constexpr int kBlockN = 256, kStages = 4, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
+};
+// The input projection's a/b columns (K = C, two k-steps): 256 x 128 tiles (64 channels' both
+// logits), three 48 KB stages, four consumers: its epilogue (two MUFU a value, a transpose, the
+// channel-major stores) is bound by latency, which 16 warps hide better than 8. The launch
+// allocates 96 registers a thread (65536 / 640, rounded down to 8): 24 x 128 + 112 x 512 fits.
+struct ProjectTile {
+  static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
 };
 
 // The long-K products (4+ k-steps: weight gradients, K = B N^2 in split-K chunks; the d xhat
