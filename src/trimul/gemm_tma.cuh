@@ -1,5 +1,6 @@
 // The GEMM engine's persistent main loop on Hopper's native path, for the triangle products (K =
-// N, batched over channels: the op's cubic work) and the input projection's a/b columns. One
+// N, batched over channels: the op's cubic work) and the input projection's a/b columns, forward
+// and backward (project_tma.cuh). One
 // block per SM walks the output tiles; its producer warp copies each k-step's operand tiles with
 // TMA into a ring of stages, and its consumer warpgroups (64 rows each) run m64n128k16 wgmma
 // straight from the stages, keeping one k-step's batch in flight while they release the stage
@@ -15,11 +16,14 @@
 // An epilogue Epi defines kBlockN, kStages, kConsumers, kProducerRegs and kConsumerRegs (its
 // tile table row, tile_config.h; tiles are 64 kConsumers rows), kSmemBytes (its shared memory
 // after the stages, 1024-byte aligned), and
-//   start(smem, cw)                                 once per consumer warpgroup, before its first tile
-//   tile(smem, acc, cw, m0, n0, z, k)               the warpgroup's rows of its k-th tile
-//   finish(cw)                                      after its last tile
+//   start(smem, cw)                       once per consumer warpgroup, before its first tile
+//   Pre load(cw, m0, n0, z)               its operands for a tile, loaded into registers a
+//                                         tile ahead (before the previous tile's epilogue)
+//   tile(smem, acc, pre, cw, m0, n0, z, k)  the warpgroup's rows of its k-th tile
+//   finish(cw)                            after its last tile
 // with acc[kBlockN / 128][64] in the wgmma accumulator layout (common/wgmma.cuh); named
-// barriers 1 + cw are the warpgroups' own, kConsumers + 1 spans them all.
+// barriers 1 + cw are the warpgroups' own, kConsumers + 1 spans them all, and the epilogue may
+// use those above. Rows start at the shape's m_begin (no split-K).
 #pragma once
 #include <cuda.h>
 
@@ -81,18 +85,19 @@ namespace detail {
 template <int kBM, int kBN>
 struct TmaTiles {
   int m_tiles, n_tiles;
-  int64_t total;
+  int64_t total, m_begin;
   int nk;  // k-steps a tile
   __device__ TmaTiles(const GemmShape& s, int batches)
-      : m_tiles(static_cast<int>((s.M + kBM - 1) / kBM)),
+      : m_tiles(static_cast<int>((s.M - s.m_begin + kBM - 1) / kBM)),
         n_tiles((s.N + kBN - 1) / kBN),
         total(int64_t{m_tiles} * n_tiles * batches),
+        m_begin(s.m_begin),
         nk(static_cast<int>((s.K + TCfg::kBlockK - 1) / TCfg::kBlockK)) {}
   __device__ void at(int64_t t, int64_t& m0, int& n0, int& z) const {
     const int64_t per_batch = int64_t{m_tiles} * n_tiles;
     z = static_cast<int>(t / per_batch);
     const int64_t r = t % per_batch;
-    m0 = (r / n_tiles) * kBM;
+    m0 = m_begin + (r / n_tiles) * kBM;
     n0 = static_cast<int>(r % n_tiles) * kBN;
   }
 };
@@ -156,6 +161,13 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
   int it = 0, k = 0;
   epi.start(esmem, cw);
   dev::bar_sync(Epi::kConsumers + 1, 128 * Epi::kConsumers);
+  typename Epi::Pre pre{};  // the current tile's epilogue operands, loaded during the tile before
+  if (blockIdx.x < tiles.total) {
+    int64_t m0;
+    int n0, z;
+    tiles.at(blockIdx.x, m0, n0, z);
+    pre = epi.load(cw, m0, n0, z);
+  }
   for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x, ++k) {
     int64_t m0;
     int n0, z;
@@ -182,7 +194,15 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
 #pragma unroll
     for (int h = 0; h < kParts; ++h) dev::wgmma_fence_operands(acc[h]);
     if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
-    epi.tile(esmem, acc, cw, m0, n0, z, k);
+    typename Epi::Pre next{};
+    if (t + gridDim.x < tiles.total) {
+      int64_t m1;
+      int n1, z1;
+      tiles.at(t + gridDim.x, m1, n1, z1);
+      next = epi.load(cw, m1, n1, z1);
+    }
+    epi.tile(esmem, acc, pre, cw, m0, n0, z, k);
+    pre = next;
   }
   epi.finish(cw);
 }
@@ -240,7 +260,8 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
   auto* kernel = gemm_tma_kernel<T, AM, BMJ, Epi>;
   constexpr int kSmem = tma_loop_smem_bytes<Epi>();
   constexpr int kBM = kTmaBlockM<Epi>;
-  const int64_t tiles = ((s.M + kBM - 1) / kBM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) * int64_t{batches};
+  const int64_t tiles =
+      ((s.M - s.m_begin + kBM - 1) / kBM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) * int64_t{batches};
   if (tiles == 0) return cudaSuccess;
   unsigned grid = 0;
   cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kSmem);
@@ -263,10 +284,12 @@ struct TmaStoreEpilogue {
   static constexpr int kCols = 128 / sizeof(OutT);  // a box's columns: 64 16-bit or 32 fp32
   static constexpr int kBoxes = kBlockN / kCols;    // a tile's
   CUtensorMap out;                                  // C: (columns, rows, batch), boxes of 128 bytes x 64 rows
+  struct Pre {};
 
   __device__ void start(uint8_t*, int) const {}
-  __device__ void tile(uint8_t* smem, const float (&acc)[kBlockN / 128][64], int cw, int64_t m0, int n0, int z,
-                       int k) const {
+  __device__ Pre load(int, int64_t, int, int) const { return {}; }
+  __device__ void tile(uint8_t* smem, const float (&acc)[kBlockN / 128][64], const Pre&, int cw, int64_t m0, int n0,
+                       int z, int k) const {
     const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, t = lane & 3;
     const bool leader = threadIdx.x % 128 == 0;
     const uint32_t slots = dev::smem_addr(smem) + 2 * cw * kSlotBytes;

@@ -6,6 +6,7 @@
 #include "trimul/epilogues.cuh"
 #include "trimul/gemm_tma.cuh"
 #include "trimul/kernels.h"
+#include "trimul/project_tma.cuh"
 #include "trimul/workspace.h"
 
 namespace tpf::trimul {
