@@ -76,9 +76,17 @@ cudaError_t project_backward(const Problem& p, const Workspace& ws, const PixelR
   T* dlin = static_cast<T*>(ws.dlin);
   using TmaEpi = ProjectBackwardAbEpilogue<T>;
   TmaOperands maps{};
-  if (encode_tma_operands<__half, Major::kK, Major::kK>(&maps, xhat, wab, kTmaBlockM<TmaEpi>, TmaEpi::kBlockN, 1)) {
-    const TmaEpi epi{d, ws.bcat, p.mask, ws.da, ws.db, dlin, ws.colsum_lin, px.r0, px.r1};
-    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, epi, s);
+  TmaEpi tma_epi{};
+  if (encode_tma_operands<__half, Major::kK, Major::kK>(&maps, xhat, wab, kTmaBlockM<TmaEpi>, TmaEpi::kBlockN, 1) &&
+      encode_channel_planes(&tma_epi.da_map, ws.da, d) && encode_channel_planes(&tma_epi.db_map, ws.db, d)) {
+    tma_epi.d = d;
+    tma_epi.bias = ws.bcat;
+    tma_epi.mask = p.mask;
+    tma_epi.dlin = dlin;
+    tma_epi.colsum_lin = ws.colsum_lin;
+    tma_epi.dlin_row0 = px.r0;
+    tma_epi.m_end = px.r1;
+    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, tma_epi, s);
   }
   const ProjectBackwardEpilogue<T> epi{d, ws.bcat, p.mask, ws.da, ws.db, dlin, ws.colsum_lin, px.r0};
   return launch_gemm<__half, Major::kK, Major::kK>(xhat, wab, shape, 1, epi, s);

@@ -54,11 +54,10 @@ struct ProjectTile {
   static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
 };
 // The input projection's backward a/b columns (the same GEMM): 128 x 128 tiles, four 32 KB
-// stages, two consumers. Its epilogue holds the tile's 64 x 64 da/db values per warpgroup in
-// registers from before the MMAs (32 a thread beside 64 accumulators), which four consumers'
-// 96-register launch could not (ptxas compiles the whole kernel to the launch's count).
+// stages, four consumers as 2 x 2 of m64n64 (32 accumulators each, so that the epilogue fits
+// the 112 registers of four consumers; its da/db tile comes by TMA into shared memory).
 struct ProjectBackwardTile {
-  static constexpr int kBlockN = 128, kStages = 4, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kBlockN = 128, kStages = 4, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
 };
 
 // The long-K products (4+ k-steps: weight gradients, K = B N^2 in split-K chunks; the d xhat
