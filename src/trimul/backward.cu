@@ -67,31 +67,6 @@ cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operan
   return launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, shape, 1, fused, s);
 }
 
-// The input projections' backward over pixel rows px (p, g recomputed) into dlin's a/b columns:
-// on the TMA loop, or on the mma.sync one where TMA cannot reach an operand.
-cudaError_t project_backward(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
-  const Dims& d = p.d;
-  const Operand xhat = pixel_rows(ws.xhat_in, d, d.C), wab = weight_rows(ws.wcat, 4 * d.Ch, d.C);
-  const GemmShape shape{px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0};
-  T* dlin = static_cast<T*>(ws.dlin);
-  using TmaEpi = ProjectBackwardAbEpilogue<T>;
-  TmaOperands maps{};
-  TmaEpi tma_epi{};
-  if (encode_tma_operands<__half, Major::kK, Major::kK>(&maps, xhat, wab, kTmaBlockM<TmaEpi>, TmaEpi::kBlockN, 1) &&
-      encode_channel_planes(&tma_epi.da_map, ws.da, d) && encode_channel_planes(&tma_epi.db_map, ws.db, d)) {
-    tma_epi.d = d;
-    tma_epi.bias = ws.bcat;
-    tma_epi.mask = p.mask;
-    tma_epi.dlin = dlin;
-    tma_epi.colsum_lin = ws.colsum_lin;
-    tma_epi.dlin_row0 = px.r0;
-    tma_epi.m_end = px.r1;
-    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, tma_epi, s);
-  }
-  const ProjectBackwardEpilogue<T> epi{d, ws.bcat, p.mask, ws.da, ws.db, dlin, ws.colsum_lin, px.r0};
-  return launch_gemm<__half, Major::kK, Major::kK>(xhat, wab, shape, 1, epi, s);
-}
-
 // The tail over pixel rows px: the input projections' backward (p, g recomputed) into dlin's
 // a/b columns; dlin's gate columns from dgate when dlin holds a chunk; then d xhat_in = (dlin
 // wcat) * gamma_in with LayerNorm_in's backward into dz, and beside it dW_in's partials of the
@@ -99,8 +74,13 @@ cudaError_t project_backward(const Problem& p, const Workspace& ws, const PixelR
 cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
   const Dims& d = p.d;
   const int64_t M = d.M(), P = d.proj_cols(), PL = d.dlin_cols();
+  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin),
+                                      ws.colsum_lin, px.r0};
   cudaError_t e;
-  if ((e = project_backward(p, ws, px, s)) != cudaSuccess) return e;
+  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
+                                                     {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s)) !=
+      cudaSuccess)
+    return e;
   if (ws.dgate &&
       (e = cudaMemcpy2DAsync(static_cast<T*>(ws.dlin) + 4 * d.Ch, PL * sizeof(T),
                              static_cast<const T*>(ws.dgate) + px.r0 * d.C, d.C * sizeof(T), d.C * sizeof(T),

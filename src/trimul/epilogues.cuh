@@ -128,6 +128,94 @@ struct ProjectEpilogue {
   }
 };
 
+// The input projection's a/b tiles on the TMA loop (gemm_tma.cuh) where N % 8 == 0 (no row pads;
+// 8 pixels from a multiple of 8 lie in one matrix row). Each consumer warpgroup forms
+// a = sigmoid(g) p mask for its 64 pixel rows and the tile's 64 channels from its accumulators
+// (both logits of channel 4i + t in one thread: acc[4i + 2h], the projection, and
+// acc[4i + 2h + 1], the gate, at pixel row 16w + g + 8h; dlin_order.h); stmatrix transposes each
+// 8 pixel x 8 channel block as 16-bit values into the warpgroup's buffer [64 channels][64
+// pixels], whose 16-byte chunk k of channel i's 128-byte row sits at k ^ (i % 8) (the eight rows
+// one stmatrix writes fall in distinct banks); then its lanes store 8 pixels of a channel (16
+// bytes) at a time.
+template <class T>
+struct ProjectAbEpilogue {
+  static constexpr int kBlockN = ProjectTile::kBlockN, kStages = ProjectTile::kStages;
+  static constexpr int kConsumers = ProjectTile::kConsumers, kProducerRegs = ProjectTile::kProducerRegs,
+                       kConsumerRegs = ProjectTile::kConsumerRegs;
+  static constexpr int kTileBytes = 64 * 64 * 2;            // [64 channels][64 pixels], 16-bit
+  static constexpr int kBufBytes = 2 * kTileBytes + 8 * 8;  // T's tile, the bf16 copy's, 8 chunk offsets
+  static constexpr int kBiasBytes = 4 * 256 * 4;            // the a/b columns' biases, 4Ch <= 1024
+  static constexpr int kSmemBytes = kBiasBytes + kConsumers * kBufBytes;
+  Dims d;
+  const float* bias;  // [4Ch + C], LayerNorm beta folded in
+  MaskRef mask;
+  T *a, *b;                    // channel-major
+  __nv_bfloat16 *a_bf, *b_bf;  // channel-major copies, optional
+
+  __device__ static int cm_chunk(int i, int k) { return i * 128 + ((k ^ (i & 7)) << 4); }  // bytes
+
+  __device__ void start(uint8_t* smem, int) const {
+    float* bs = reinterpret_cast<float*>(smem);
+    for (int i = threadIdx.x; i < 4 * d.Ch; i += 128 * kConsumers) bs[i] = bias[i];
+  }
+  __device__ void finish(int) const {}
+
+  __device__ void tile(uint8_t* smem, const float (&acc)[1][64], int cw, int64_t m0, int n0, int, int) const {
+    const int64_t M = d.M(), r0 = m0 + 64 * cw;  // the warpgroup's first pixel
+    const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, tq = lane & 3;
+    const int wt = threadIdx.x % 128;
+    const float* bs = reinterpret_cast<const float*>(smem) + n0;  // [128] the tile's biases
+    uint8_t* buf = smem + kBiasBytes + cw * kBufBytes;
+    int64_t* rows = reinterpret_cast<int64_t*>(buf + 2 * kTileBytes);  // [8] chunk q's channel-0 offset, -1 past M
+    float mr[2];  // [h] the masks of this thread's pixel rows
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = r0 + 16 * w + g + 8 * h;
+      mr[h] = m < M ? mask_at(mask, m, d.N) : 0.f;
+    }
+    dev::bar_sync(1 + cw, 128);  // the previous tile's stores have read the buffer
+    if (wt < 8) rows[wt] = r0 + 8 * wt < M ? cm_offset(d, r0 + 8 * wt, 0) : -1;
+    const uint32_t s16 = dev::smem_addr(buf);
+    // This lane's stmatrix row: matrix mx = 2 h + k holds channels 16q + 8k + {t, 4 + t} at pixel
+    // rows 16w + 8h; its transpose's row j is channel 16q + 8k + 4 (j % 2) + j / 2.
+    const int mx = lane >> 3, j = lane & 7;
+    const int st_ch = 8 * (mx & 1) + 4 * (j & 1) + (j >> 1), chunk = 2 * w + (mx >> 1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t v16[4], vbf[4];  // [2h + k] two channels' a at one pixel, packed
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          float v[2];  // [e] channel 16q + 8kk + 4e + t
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * q + 2 * kk + e, c = 8 * i + 2 * tq;  // n8 tile, the channel's first column
+            v[e] = sigmoid(acc[0][4 * i + 2 * h + 1] + bs[c + 1]) * (acc[0][4 * i + 2 * h] + bs[c]) * mr[h];
+          }
+          v16[2 * h + kk] = dev::MmaOp<T>::pack(v[0], v[1]);
+          vbf[2 * h + kk] = dev::MmaOp<__nv_bfloat16>::pack(v[0], v[1]);
+        }
+      dev::stmatrix_x4_trans(s16 + cm_chunk(16 * q + st_ch, chunk), v16);
+      if (a_bf) dev::stmatrix_x4_trans(s16 + kTileBytes + cm_chunk(16 * q + st_ch, chunk), vbf);
+    }
+    dev::bar_sync(1 + cw, 128);
+    const int64_t plane = d.plane();
+    const int Ch = static_cast<int>(d.Ch);
+#pragma unroll
+    for (int q = wt; q < 64 * 8; q += 128) {  // 16-byte chunks: channel q / 8, pixels 8 (q % 8) ..
+      const int i = q / 8, kk = q % 8, ch = n0 / 2 + i;
+      const int64_t row = rows[kk];
+      if (row < 0) continue;
+      const int64_t off = (ch < Ch ? ch : ch - Ch) * plane + row;
+      *reinterpret_cast<uint4*>((ch < Ch ? a : b) + off) = *reinterpret_cast<const uint4*>(buf + cm_chunk(i, kk));
+      if (a_bf)
+        *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) =
+            *reinterpret_cast<const uint4*>(buf + kTileBytes + cm_chunk(i, kk));
+    }
+  }
+};
+
 // Stores the tile as OutT (row-major, ld) into matrix blockIdx.z; rows/cols bound the store.
 // Optionally scales column c by col_scale[c] first (LayerNorm gamma on a gradient product).
 // 16-byte stores where the destination allows (VecWalk), element stores otherwise.

@@ -1,6 +1,5 @@
 // The GEMM engine's persistent main loop on Hopper's native path, for the triangle products (K =
-// N, batched over channels: the op's cubic work) and the input projection's a/b columns, forward
-// and backward (project_tma.cuh). One
+// N, batched over channels: the op's cubic work) and the input projection's a/b columns. One
 // block per SM walks the output tiles; its producer warp copies each k-step's operand tiles with
 // TMA into a ring of stages, and its consumer warpgroups (64 rows each) run m64n128k16 wgmma
 // straight from the stages, keeping one k-step's batch in flight while they release the stage
@@ -13,19 +12,14 @@
 //   K-major  [rows][64 k]: one box of kBlockM (A) or kBlockN (B) rows of 128 bytes.
 //   MN-major [64 k][rows]: boxes of [64 k][64 mn], 8 KB apart (the descriptors' LBO).
 //
-// An epilogue Epi defines kBlockN, kStages, kConsumers, kColGroups, kProducerRegs and
-// kConsumerRegs (its tile table row, tile_config.h), kSmemBytes (its shared memory
+// An epilogue Epi defines kBlockN, kStages, kConsumers, kProducerRegs and kConsumerRegs (its
+// tile table row, tile_config.h; tiles are 64 kConsumers rows), kSmemBytes (its shared memory
 // after the stages, 1024-byte aligned), and
-//   start(smem, cw)                       once per consumer warpgroup, before its first tile
-//   Pre load(smem, cw, m0, n0, z, k)      its operands for its k-th tile, loaded (into registers,
-//                                         or issued as copies) a tile ahead: before the
-//                                         previous tile's epilogue
-//   tile(smem, acc, pre, cw, m0, n0, z, k)  the warpgroup's part of its k-th tile
-//   finish(cw)                            after its last tile
-// with acc[parts of 128 columns][64] (or [1][32] for 64 columns) in the wgmma accumulator
-// layout (common/wgmma.cuh); named
-// barriers 1 + cw are the warpgroups' own, kConsumers + 1 spans them all, and the epilogue may
-// use those above. Rows start at the shape's m_begin (no split-K).
+//   start(smem, cw)                                 once per consumer warpgroup, before its first tile
+//   tile(smem, acc, cw, m0, n0, z, k)               the warpgroup's rows of its k-th tile
+//   finish(cw)                                      after its last tile
+// with acc[kBlockN / 128][64] in the wgmma accumulator layout (common/wgmma.cuh); named
+// barriers 1 + cw are the warpgroups' own, kConsumers + 1 spans them all.
 #pragma once
 #include <cuda.h>
 
@@ -39,13 +33,8 @@ namespace tpf::trimul {
 
 using TCfg = TmaLoopConfig;
 
-// The consumers tile the block's tile as (kConsumers / kColGroups) row groups of 64 by
-// kColGroups column groups of kBlockN / kColGroups (64: m64n64k16; 128, 256: m64n128k16 each
-// 128 columns).
 template <class Epi>
-constexpr int kTmaBlockM = 64 * Epi::kConsumers / Epi::kColGroups;
-template <class Epi>
-constexpr int kTmaWgN = Epi::kBlockN / Epi::kColGroups;
+constexpr int kTmaBlockM = 64 * Epi::kConsumers;
 template <class Epi>
 constexpr int kTmaThreads = 128 * (Epi::kConsumers + 1);  // + the producer's warpgroup
 
@@ -92,19 +81,18 @@ namespace detail {
 template <int kBM, int kBN>
 struct TmaTiles {
   int m_tiles, n_tiles;
-  int64_t total, m_begin;
+  int64_t total;
   int nk;  // k-steps a tile
   __device__ TmaTiles(const GemmShape& s, int batches)
-      : m_tiles(static_cast<int>((s.M - s.m_begin + kBM - 1) / kBM)),
+      : m_tiles(static_cast<int>((s.M + kBM - 1) / kBM)),
         n_tiles((s.N + kBN - 1) / kBN),
         total(int64_t{m_tiles} * n_tiles * batches),
-        m_begin(s.m_begin),
         nk(static_cast<int>((s.K + TCfg::kBlockK - 1) / TCfg::kBlockK)) {}
   __device__ void at(int64_t t, int64_t& m0, int& n0, int& z) const {
     const int64_t per_batch = int64_t{m_tiles} * n_tiles;
     z = static_cast<int>(t / per_batch);
     const int64_t r = t % per_batch;
-    m0 = m_begin + (r / n_tiles) * kBM;
+    m0 = (r / n_tiles) * kBM;
     n0 = static_cast<int>(r % n_tiles) * kBN;
   }
 };
@@ -157,30 +145,22 @@ __device__ void produce(const TmaOperands& maps, const TmaRing<kBM, kBN, kStages
   }
 }
 
-// Consumer warpgroup cw (rows 64 (cw / kColGroups), columns kTmaWgN (cw % kColGroups) of each
-// tile): per tile, the k-steps' wgmma into acc, then the epilogue.
+// Consumer warpgroup cw (rows 64 cw of each tile): per tile, the k-steps' wgmma into acc (its
+// 128-column parts), then the epilogue.
 template <class T, Major AM, Major BMJ, class Epi>
 __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStages>& ring,
                         const TmaTiles<kTmaBlockM<Epi>, Epi::kBlockN>& tiles, const Epi& epi, uint8_t* esmem,
                         int cw) {
-  constexpr int kWgN = kTmaWgN<Epi>, kParts = kWgN >= 128 ? kWgN / 128 : 1, kAcc = kWgN >= 128 ? 64 : kWgN / 2;
-  static_assert(kWgN % 128 == 0 || kWgN == 64, "m64n128k16 per 128 columns, or one m64n64k16");
-  const int lane = threadIdx.x & 31, row0 = 64 * (cw / Epi::kColGroups), col0 = kWgN * (cw % Epi::kColGroups);
+  constexpr int kParts = Epi::kBlockN / 128;
+  const int lane = threadIdx.x & 31;
   int it = 0, k = 0;
   epi.start(esmem, cw);
   dev::bar_sync(Epi::kConsumers + 1, 128 * Epi::kConsumers);
-  typename Epi::Pre pre{};  // the current tile's epilogue operands, loaded during the tile before
-  if (blockIdx.x < tiles.total) {
-    int64_t m0;
-    int n0, z;
-    tiles.at(blockIdx.x, m0, n0, z);
-    pre = epi.load(esmem, cw, m0, n0, z, 0);
-  }
   for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x, ++k) {
     int64_t m0;
     int n0, z;
     tiles.at(t, m0, n0, z);
-    float acc[kParts][kAcc];  // [128-column part][4 n8 + c]: the wgmma accumulator layout
+    float acc[kParts][64];  // [128-column part][4 n8 + c]: the wgmma accumulator layout
     int prev = -1;          // the stage of the k-step still in flight
     for (int kt = 0; kt < tiles.nk; ++kt, ++it) {
       const int st = it % Epi::kStages;
@@ -189,15 +169,10 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
 #pragma unroll
       for (int j = 0; j < TCfg::kBlockK / 16; ++j)
 #pragma unroll
-        for (int h = 0; h < kParts; ++h) {
-          const uint64_t desc_a = operand_desc<AM>(ring.a(st), row0, j),
-                         desc_b = operand_desc<BMJ>(ring.b(st), col0 + 128 * h, j);
-          if constexpr (kWgN == 64) {
-            dev::WgmmaSS<T, 64, AM == Major::kMN, BMJ == Major::kMN>::run(acc[h], desc_a, desc_b, kt > 0 || j > 0);
-          } else {
-            dev::Wgmma<T, AM == Major::kMN, BMJ == Major::kMN>::run(acc[h], desc_a, desc_b, kt > 0 || j > 0);
-          }
-        }
+        for (int h = 0; h < kParts; ++h)
+          dev::Wgmma<T, AM == Major::kMN, BMJ == Major::kMN>::run(
+              acc[h], operand_desc<AM>(ring.a(st), 64 * cw, j), operand_desc<BMJ>(ring.b(st), 128 * h, j),
+              kt > 0 || j > 0);
       dev::wgmma_commit();
       dev::wgmma_wait<1>();  // the previous k-step's batch is done: its stage is free
       if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
@@ -207,15 +182,7 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
 #pragma unroll
     for (int h = 0; h < kParts; ++h) dev::wgmma_fence_operands(acc[h]);
     if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
-    typename Epi::Pre next{};
-    if (t + gridDim.x < tiles.total) {
-      int64_t m1;
-      int n1, z1;
-      tiles.at(t + gridDim.x, m1, n1, z1);
-      next = epi.load(esmem, cw, m1, n1, z1, k + 1);
-    }
-    epi.tile(esmem, acc, pre, cw, m0, n0, z, k);
-    pre = next;
+    epi.tile(esmem, acc, cw, m0, n0, z, k);
   }
   epi.finish(cw);
 }
@@ -273,8 +240,7 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
   auto* kernel = gemm_tma_kernel<T, AM, BMJ, Epi>;
   constexpr int kSmem = tma_loop_smem_bytes<Epi>();
   constexpr int kBM = kTmaBlockM<Epi>;
-  const int64_t tiles =
-      ((s.M - s.m_begin + kBM - 1) / kBM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) * int64_t{batches};
+  const int64_t tiles = ((s.M + kBM - 1) / kBM) * ((s.N + Epi::kBlockN - 1) / Epi::kBlockN) * int64_t{batches};
   if (tiles == 0) return cudaSuccess;
   unsigned grid = 0;
   cudaError_t e = tpf::detail::allow_dynamic_smem(kernel, kSmem);
@@ -290,19 +256,17 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
 template <class OutT>
 struct TmaStoreEpilogue {
   static constexpr int kBlockN = ProductTile::kBlockN, kStages = ProductTile::kStages;
-  static constexpr int kConsumers = ProductTile::kConsumers, kColGroups = 1,
-                       kProducerRegs = ProductTile::kProducerRegs, kConsumerRegs = ProductTile::kConsumerRegs;
+  static constexpr int kConsumers = ProductTile::kConsumers, kProducerRegs = ProductTile::kProducerRegs,
+                       kConsumerRegs = ProductTile::kConsumerRegs;
   static constexpr int kSlotBytes = 64 * 128;  // one box: 64 rows of 128 bytes
   static constexpr int kSmemBytes = 2 * kConsumers * kSlotBytes;
   static constexpr int kCols = 128 / sizeof(OutT);  // a box's columns: 64 16-bit or 32 fp32
   static constexpr int kBoxes = kBlockN / kCols;    // a tile's
   CUtensorMap out;                                  // C: (columns, rows, batch), boxes of 128 bytes x 64 rows
-  struct Pre {};
 
   __device__ void start(uint8_t*, int) const {}
-  __device__ Pre load(uint8_t*, int, int64_t, int, int, int) const { return {}; }
-  __device__ void tile(uint8_t* smem, const float (&acc)[kBlockN / 128][64], const Pre&, int cw, int64_t m0, int n0,
-                       int z, int k) const {
+  __device__ void tile(uint8_t* smem, const float (&acc)[kBlockN / 128][64], int cw, int64_t m0, int n0, int z,
+                       int k) const {
     const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, g = lane >> 2, t = lane & 3;
     const bool leader = threadIdx.x % 128 == 0;
     const uint32_t slots = dev::smem_addr(smem) + 2 * cw * kSlotBytes;

@@ -6,7 +6,6 @@
 #include "trimul/epilogues.cuh"
 #include "trimul/gemm_tma.cuh"
 #include "trimul/kernels.h"
-#include "trimul/project_tma.cuh"
 #include "trimul/workspace.h"
 
 namespace tpf::trimul {

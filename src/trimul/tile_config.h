@@ -53,12 +53,6 @@ struct ProductTile {
 struct ProjectTile {
   static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
 };
-// The input projection's backward a/b columns (the same GEMM): 128 x 128 tiles, four 32 KB
-// stages, four consumers as 2 x 2 of m64n64 (32 accumulators each, so that the epilogue fits
-// the 112 registers of four consumers; its da/db tile comes by TMA into shared memory).
-struct ProjectBackwardTile {
-  static constexpr int kBlockN = 128, kStages = 4, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
-};
 
 // The long-K products (4+ k-steps: weight gradients, K = B N^2 in split-K chunks; the d xhat
 // products; the triangle products where the TMA loop cannot take them) run on wgmma
