@@ -37,8 +37,9 @@ __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
 // output-gate columns. a and b go channel-major (the triangle product's operands, T) and, where
 // asked, as bf16 copies (a saving forward keeps them for the backward's bf16 products); the
 // output gate pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the
-// backward's). This epilogue serves the wgmma loop: the output-gate tiles from its fragments,
-// and the a/b tiles where N % 8 != 0 (elsewhere ProjectAbEpilogue on the TMA loop takes them).
+// backward's). This epilogue serves the wgmma loop where N % 8 != 0 (elsewhere
+// ProjectAbEpilogue on the TMA loop takes every column): the output-gate tiles from its
+// fragments, the a/b tiles staged.
 template <class T>
 struct ProjectEpilogue {
   Dims d;
@@ -47,15 +48,14 @@ struct ProjectEpilogue {
   T *a, *b;                       // channel-major
   __nv_bfloat16 *a_bf, *b_bf;     // channel-major copies, optional
   __half *gate, *logit;           // [M][C], each optional
-  int n_base = 0;                 // the wcat row of the product's column 0 (4Ch: the gate columns only)
   // a/b tiles are staged channel-major: their stores run along pixels.
-  __device__ bool channel_major_tile(int n0) const { return n0 + n_base < 4 * d.Ch; }
+  __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
 
   // The output-gate tiles from registers; the a/b tiles take the staged path.
   __device__ bool wgmma_fragments(const EpiTile& t, const float (&acc)[64], int row0, int64_t m0, int n0,
                                   int) const {
-    if (n0 + n_base < 4 * d.Ch) return false;
-    gate_fragments(t, acc, row0, m0, n0 + n_base);
+    if (n0 < 4 * d.Ch) return false;
+    gate_fragments(t, acc, row0, m0, n0);
     return true;
   }
 
@@ -97,7 +97,7 @@ struct ProjectEpilogue {
 
   // The a/b tiles when N % 8 != 0, staged channel-major.
   __device__ void operator()(const EpiTile& t, int64_t m0, int n0, int) const {
-    project_ab_scalar(t, m0, n0 + n_base, stage_bias(t, bias, n0 + n_base, static_cast<int>(d.proj_cols())));
+    project_ab_scalar(t, m0, n0, stage_bias(t, bias, n0, static_cast<int>(d.proj_cols())));
   }
 
   // Any N: one element per store, the pixel at the end of a matrix row also zeroes its pads.
@@ -128,8 +128,11 @@ struct ProjectEpilogue {
   }
 };
 
-// The input projection's a/b tiles on the TMA loop (gemm_tma.cuh) where N % 8 == 0 (no row pads;
-// 8 pixels from a multiple of 8 lie in one matrix row). Each consumer warpgroup forms
+// The input projection on the TMA loop (gemm_tma.cuh) where N % 8 == 0 (no row pads; 8 pixels
+// from a multiple of 8 lie in one matrix row). Output-gate tiles (columns from 4Ch) go
+// pixel-major: the logit and/or sigmoid(logit) in fp16, each staged as 16-bit rows by stmatrix in
+// the warpgroup's buffer (Staged16's layout, 64 rows) and stored 16 bytes at a time. For the a/b
+// tiles: Each consumer warpgroup forms
 // a = sigmoid(g) p mask for its 64 pixel rows and the tile's 64 channels from its accumulators
 // (both logits of channel 4i + t in one thread: acc[4i + 2h], the projection, and
 // acc[4i + 2h + 1], the gate, at pixel row 16w + g + 8h; dlin_order.h); stmatrix transposes each
@@ -144,19 +147,21 @@ struct ProjectAbEpilogue {
                        kConsumerRegs = ProjectTile::kConsumerRegs;
   static constexpr int kTileBytes = 64 * 64 * 2;            // [64 channels][64 pixels], 16-bit
   static constexpr int kBufBytes = 2 * kTileBytes + 8 * 8;  // T's tile, the bf16 copy's, 8 chunk offsets
-  static constexpr int kBiasBytes = 4 * 256 * 4;            // the a/b columns' biases, 4Ch <= 1024
+  static constexpr int kBiasBytes = (4 * 256 + 256) * 4;    // the biases, 4Ch + C <= 1280
   static constexpr int kSmemBytes = kBiasBytes + kConsumers * kBufBytes;
+  static_assert(2 * kTileBytes == 64 * Cfg::kBlockN * 2, "an output-gate tile's 64 rows fill the two tiles' bytes");
   Dims d;
   const float* bias;  // [4Ch + C], LayerNorm beta folded in
   MaskRef mask;
   T *a, *b;                    // channel-major
   __nv_bfloat16 *a_bf, *b_bf;  // channel-major copies, optional
+  __half *gate, *logit;        // [M][C], each optional
 
   __device__ static int cm_chunk(int i, int k) { return i * 128 + ((k ^ (i & 7)) << 4); }  // bytes
 
   __device__ void start(uint8_t* smem, int) const {
     float* bs = reinterpret_cast<float*>(smem);
-    for (int i = threadIdx.x; i < 4 * d.Ch; i += 128 * kConsumers) bs[i] = bias[i];
+    for (int i = threadIdx.x; i < d.proj_cols(); i += 128 * kConsumers) bs[i] = bias[i];
   }
   __device__ void finish(int) const {}
 
@@ -166,6 +171,10 @@ struct ProjectAbEpilogue {
     const int wt = threadIdx.x % 128;
     const float* bs = reinterpret_cast<const float*>(smem) + n0;  // [128] the tile's biases
     uint8_t* buf = smem + kBiasBytes + cw * kBufBytes;
+    if (n0 >= 4 * d.Ch) {
+      gate_tile(buf, acc, bs, cw, m0, n0);
+      return;
+    }
     int64_t* rows = reinterpret_cast<int64_t*>(buf + 2 * kTileBytes);  // [8] chunk q's channel-0 offset, -1 past M
     float mr[2];  // [h] the masks of this thread's pixel rows
 #pragma unroll
@@ -212,6 +221,43 @@ struct ProjectAbEpilogue {
       if (a_bf)
         *reinterpret_cast<uint4*>((ch < Ch ? a_bf : b_bf) + off) =
             *reinterpret_cast<const uint4*>(buf + kTileBytes + cm_chunk(i, kk));
+    }
+  }
+
+  // An output-gate tile: channels n0 - 4Ch + [0, 128) of the warpgroup's 64 pixels, the logit
+  // then the gate through the same buffer.
+  __device__ void gate_tile(uint8_t* buf, const float (&acc)[1][64], const float* bs, int cw, int64_t m0,
+                            int n0) const {
+    const int64_t M = d.M(), r0 = m0 + 64 * cw;
+    const int C = static_cast<int>(d.C), c0 = n0 - 4 * static_cast<int>(d.Ch);
+    const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, tq = lane & 3, wt = threadIdx.x % 128;
+    const Staged16 st{buf};  // [64 pixels][128 channels] 16-bit
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      __half* out = pass == 0 ? logit : gate;
+      if (!out) continue;
+      dev::bar_sync(1 + cw, 128);  // the buffer's previous reads are done
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // n8 tiles 4q .. 4q + 3
+        uint32_t pk[kFragNi][2];     // [n8 tile][row half] packed pairs
+#pragma unroll
+        for (int n = 0; n < kFragNi; ++n)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = 4 * q + n, col = 8 * i + 2 * tq;
+            const float l0 = acc[0][4 * i + 2 * h] + bs[col], l1 = acc[0][4 * i + 2 * h + 1] + bs[col + 1];
+            pk[n][h] = pass == 0 ? dev::MmaOp<__half>::pack(l0, l1)
+                                 : dev::MmaOp<__half>::pack(sigmoid(l0), sigmoid(l1));
+          }
+        st.put(0, pk, 16 * w, 32 * q);
+      }
+      dev::bar_sync(1 + cw, 128);
+#pragma unroll
+      for (int i = wt; i < 64 * 16; i += 128) {  // 16-byte chunks: pixel i / 16, channels 8 (i % 16) ..
+        const int r = i / 16, k = i % 16, c = c0 + 8 * k;
+        const int64_t m = r0 + r;
+        if (m < M && c < C) *reinterpret_cast<uint4*>(out + m * C + c) = st.get(r, k);
+      }
     }
   }
 };

@@ -30,41 +30,34 @@ TAB* operand(const Workspace& ws, bool second) {
 
 // zhat [M][C] x wcat (fp16) -> a, b (channel-major, TAB), the output gate (forward) and what
 // the backward keeps: the gate logit and bf16 copies of a, b (where the workspace has them).
-// Where N % 8 == 0 the a/b columns run on the TMA loop and the output-gate columns on the wgmma
-// one; otherwise the wgmma loop takes every column.
+// Where N % 8 == 0 it runs on the TMA loop, elsewhere on the wgmma one.
 template <class TAB>
 cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
   const Dims& d = p.d;
   constexpr bool kForward = std::is_same_v<TAB, __half>;
   auto* a_bf = static_cast<__nv_bfloat16*>(kForward ? ws.a_bf : nullptr);
   auto* b_bf = static_cast<__nv_bfloat16*>(kForward ? ws.b_bf : nullptr);
-  ProjectEpilogue<TAB> epi{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true), a_bf, b_bf,
-                           static_cast<__half*>(kForward ? ws.gate : nullptr), static_cast<__half*>(ws.logit)};
-  const Operand xhat = pixel_rows(ws.xhat_in, d, d.C);
-  const int ab_cols = static_cast<int>(4 * d.Ch);
+  auto* gate = static_cast<__half*>(kForward ? ws.gate : nullptr);
+  auto* logit = static_cast<__half*>(ws.logit);
+  const Operand xhat = pixel_rows(ws.xhat_in, d, d.C), w = weight_rows(ws.wcat, d.proj_cols(), d.C);
+  const GemmShape shape{d.M(), static_cast<int>(d.proj_cols()), d.C, 0};
   TmaOperands maps{};
-  if (d.N % 8 == 0 &&
-      encode_tma_operands<__half, Major::kK, Major::kK>(&maps, xhat, weight_rows(ws.wcat, ab_cols, d.C),
-                                                        kTmaBlockM<ProjectAbEpilogue<TAB>>, ProjectTile::kBlockN,
-                                                        1)) {
-    const ProjectAbEpilogue<TAB> ab{d, ws.bcat, p.mask, epi.a, epi.b, a_bf, b_bf};
-    cudaError_t e = launch_tma_loop<__half, Major::kK, Major::kK>(maps, {d.M(), ab_cols, d.C, 0}, 1, ab, s);
-    if (e != cudaSuccess) return e;
-    epi.n_base = ab_cols;
-    return launch_gemm_wgmma<__half, Major::kK, Major::kK>(
-        xhat, weight_rows(static_cast<const __half*>(ws.wcat) + int64_t{ab_cols} * d.C, d.C, d.C),
-        {d.M(), static_cast<int>(d.C), d.C, 0}, 1, epi, s);
+  if (d.N % 8 == 0 && encode_tma_operands<__half, Major::kK, Major::kK>(
+                          &maps, xhat, w, kTmaBlockM<ProjectAbEpilogue<TAB>>, ProjectTile::kBlockN, 1)) {
+    const ProjectAbEpilogue<TAB> epi{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true),
+                                     a_bf, b_bf, gate, logit};
+    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, epi, s);
   }
-  return launch_gemm_wgmma<__half, Major::kK, Major::kK>(xhat, weight_rows(ws.wcat, d.proj_cols(), d.C),
-                                                         {d.M(), static_cast<int>(d.proj_cols()), d.C, 0},
-                                                         1, epi, s);
+  const ProjectEpilogue<TAB> epi{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true),
+                                 a_bf, b_bf, gate, logit};
+  return launch_gemm_wgmma<__half, Major::kK, Major::kK>(xhat, w, shape, 1, epi, s);
 }
 
 // A long-K product (4 or more k-steps: the weight gradients, K = B N^2; the d xhat products,
 // K = 2C and 4Ch + C; the triangle products where the TMA loop cannot take them, K = N): on
 // wgmma or mma.sync (kLongKWgmma).
 // The short ones (K = C or Ch, two k-steps) whose epilogues prefetch an operand stay on
-// mma.sync; the input projection (project above) runs on wgmma.
+// mma.sync; the input projection (project above) runs on the TMA loop or wgmma.
 template <class T, Major AM, Major BMJ, class Epi>
 cudaError_t launch_long_k(const Operand& A, const Operand& B, const GemmShape& shape, int batches,
                           const Epi& epi, cudaStream_t s) {

@@ -113,6 +113,9 @@ std::vector<TrimulCase> cases() {
   v.push_back({2, 40, 96, 96, false, false, false, DType::kFP32});
   // N % 8 == 0 with C = 32: the input projection's fragment epilogue over one partial k-step
   v.push_back({1, 48, 32, 64, false});
+  // N % 8 == 0 (the projection on the TMA loop) at the widest C (two output-gate tiles) and Ch
+  v.push_back({1, 40, 256, 32, true});
+  v.push_back({1, 24, 64, 256, false});
   v.push_back({1, 64, 128, 128, true, true, false, DType::kFP32, true});
   v.push_back({2, 17, 32, 64, false, true, true, DType::kBF16, true, 5});  // 5 calls
   // the backward that recomputes the forward (no saved set)
