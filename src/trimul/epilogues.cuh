@@ -41,13 +41,18 @@ __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
 // ProjectAbEpilogue on the TMA loop takes every column): the output-gate tiles from its
 // fragments, the a/b tiles staged.
 template <class T>
-struct ProjectEpilogue {
+struct ProjectOutputs {
   Dims d;
   const float* bias;  // [4Ch + C], LayerNorm beta folded in
   MaskRef mask;
-  T *a, *b;                       // channel-major
-  __nv_bfloat16 *a_bf, *b_bf;     // channel-major copies, optional
-  __half *gate, *logit;           // [M][C], each optional
+  T *a, *b;                    // channel-major
+  __nv_bfloat16 *a_bf, *b_bf;  // channel-major copies, optional
+  __half *gate, *logit;        // [M][C], each optional
+};
+template <class T>
+struct ProjectEpilogue : ProjectOutputs<T> {
+  using Out = ProjectOutputs<T>;
+  using Out::d, Out::bias, Out::mask, Out::a, Out::b, Out::a_bf, Out::b_bf, Out::gate, Out::logit;
   // a/b tiles are staged channel-major: their stores run along pixels.
   __device__ bool channel_major_tile(int n0) const { return n0 < 4 * d.Ch; }
 
@@ -141,7 +146,7 @@ struct ProjectEpilogue {
 // one stmatrix writes fall in distinct banks); then its lanes store 8 pixels of a channel (16
 // bytes) at a time.
 template <class T>
-struct ProjectAbEpilogue {
+struct ProjectAbEpilogue : ProjectOutputs<T> {
   static constexpr int kBlockN = ProjectTile::kBlockN, kStages = ProjectTile::kStages;
   static constexpr int kConsumers = ProjectTile::kConsumers, kProducerRegs = ProjectTile::kProducerRegs,
                        kConsumerRegs = ProjectTile::kConsumerRegs;
@@ -150,12 +155,8 @@ struct ProjectAbEpilogue {
   static constexpr int kBiasBytes = (4 * 256 + 256) * 4;    // the biases, 4Ch + C <= 1280
   static constexpr int kSmemBytes = kBiasBytes + kConsumers * kBufBytes;
   static_assert(2 * kTileBytes == 64 * Cfg::kBlockN * 2, "an output-gate tile's 64 rows fill the two tiles' bytes");
-  Dims d;
-  const float* bias;  // [4Ch + C], LayerNorm beta folded in
-  MaskRef mask;
-  T *a, *b;                    // channel-major
-  __nv_bfloat16 *a_bf, *b_bf;  // channel-major copies, optional
-  __half *gate, *logit;        // [M][C], each optional
+  using Out = ProjectOutputs<T>;
+  using Out::d, Out::bias, Out::mask, Out::a, Out::b, Out::a_bf, Out::b_bf, Out::gate, Out::logit;
 
   __device__ static int cm_chunk(int i, int k) { return i * 128 + ((k ^ (i & 7)) << 4); }  // bytes
 

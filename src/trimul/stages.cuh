@@ -41,16 +41,13 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
   auto* logit = static_cast<__half*>(ws.logit);
   const Operand xhat = pixel_rows(ws.xhat_in, d, d.C), w = weight_rows(ws.wcat, d.proj_cols(), d.C);
   const GemmShape shape{d.M(), static_cast<int>(d.proj_cols()), d.C, 0};
+  const ProjectOutputs<TAB> out{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true), a_bf, b_bf,
+                                gate, logit};
   TmaOperands maps{};
   if (d.N % 8 == 0 && encode_tma_operands<__half, Major::kK, Major::kK>(
-                          &maps, xhat, w, kTmaBlockM<ProjectAbEpilogue<TAB>>, ProjectTile::kBlockN, 1)) {
-    const ProjectAbEpilogue<TAB> epi{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true),
-                                     a_bf, b_bf, gate, logit};
-    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, epi, s);
-  }
-  const ProjectEpilogue<TAB> epi{d, ws.bcat, p.mask, operand<TAB>(ws, false), operand<TAB>(ws, true),
-                                 a_bf, b_bf, gate, logit};
-  return launch_gemm_wgmma<__half, Major::kK, Major::kK>(xhat, w, shape, 1, epi, s);
+                          &maps, xhat, w, kTmaBlockM<ProjectAbEpilogue<TAB>>, ProjectTile::kBlockN, 1))
+    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, ProjectAbEpilogue<TAB>{out}, s);
+  return launch_gemm_wgmma<__half, Major::kK, Major::kK>(xhat, w, shape, 1, ProjectEpilogue<TAB>{out}, s);
 }
 
 // A long-K product (4 or more k-steps: the weight gradients, K = B N^2; the d xhat products,
