@@ -37,9 +37,24 @@ __device__ __forceinline__ T to16(float v) { return dev::from_float<T>(v); }
 // output-gate columns. a and b go channel-major (the triangle product's operands, T) and, where
 // asked, as bf16 copies (a saving forward keeps them for the backward's bf16 products); the
 // output gate pixel-major in fp16, as sigmoid(logit) (forward) and/or the logit itself (the
-// backward's). This epilogue serves the wgmma loop where N % 8 != 0 (elsewhere
-// ProjectAbEpilogue on the TMA loop takes every column): the output-gate tiles from its
-// fragments, the a/b tiles staged.
+// backward's).
+// An output-gate tile's packed fp16 pairs of n8 tiles 4q .. 4q + 3 from wgmma's accumulators
+// (pk[n][h]: columns 8 (4q + n) + 2t, + 1 at row half h; bs: the tile's 128 biases): the logit, or
+// sigmoid(logit) where `sig`.
+__device__ __forceinline__ void pack_gate(const float (&acc)[64], const float* bs, int q, bool sig,
+                                          uint32_t (&pk)[kFragNi][2]) {
+  const int tq = threadIdx.x & 3;
+#pragma unroll
+  for (int n = 0; n < kFragNi; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * q + n, col = 8 * i + 2 * tq;
+      const float l0 = acc[4 * i + 2 * h] + bs[col], l1 = acc[4 * i + 2 * h + 1] + bs[col + 1];
+      pk[n][h] = sig ? dev::MmaOp<__half>::pack(sigmoid(l0), sigmoid(l1)) : dev::MmaOp<__half>::pack(l0, l1);
+    }
+}
+
+// What the input projection writes (either main loop's epilogue below).
 template <class T>
 struct ProjectOutputs {
   Dims d;
@@ -49,6 +64,8 @@ struct ProjectOutputs {
   __nv_bfloat16 *a_bf, *b_bf;  // channel-major copies, optional
   __half *gate, *logit;        // [M][C], each optional
 };
+// The input projection on the wgmma loop, where N % 8 != 0 (elsewhere ProjectTmaEpilogue on the
+// TMA loop): the output-gate tiles from its fragments, the a/b tiles staged.
 template <class T>
 struct ProjectEpilogue : ProjectOutputs<T> {
   using Out = ProjectOutputs<T>;
@@ -70,22 +87,14 @@ struct ProjectEpilogue : ProjectOutputs<T> {
   __device__ void gate_fragments(const EpiTile& t, const float (&acc)[64], int row0, int64_t m0, int n0) const {
     const int64_t M = d.M();
     const int C = static_cast<int>(d.C), c0 = n0 - 4 * static_cast<int>(d.Ch);  // the tile's first channel
-    const int lane = threadIdx.x & 31, tq = lane & 3;
     const float* bs = stage_bias(t, bias, n0, static_cast<int>(d.proj_cols()));  // [128], 0 past C
     uint8_t* stage = reinterpret_cast<uint8_t*>(t.c);
     const Staged16 lg{stage}, sg{stage + Cfg::kBlockM * Cfg::kBlockN * 2};  // [128 px][128 ch] each
 #pragma unroll
     for (int q = 0; q < 4; ++q) {  // n8 tiles 4q .. 4q + 3: 32 columns
       uint32_t pl[kFragNi][2], ps[kFragNi][2];  // [n8 tile][row half] packed logit, sigmoid pairs
-#pragma unroll
-      for (int n = 0; n < kFragNi; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i = 4 * q + n, col = 8 * i + 2 * tq;
-          const float l0 = acc[4 * i + 2 * h] + bs[col], l1 = acc[4 * i + 2 * h + 1] + bs[col + 1];
-          pl[n][h] = dev::MmaOp<__half>::pack(l0, l1);
-          ps[n][h] = dev::MmaOp<__half>::pack(sigmoid(l0), sigmoid(l1));
-        }
+      pack_gate(acc, bs, q, false, pl);
+      pack_gate(acc, bs, q, true, ps);
       if (logit) lg.put(0, pl, row0, 32 * q);
       if (gate) sg.put(0, ps, row0, 32 * q);
     }
@@ -137,7 +146,7 @@ struct ProjectEpilogue : ProjectOutputs<T> {
 // from a multiple of 8 lie in one matrix row). Output-gate tiles (columns from 4Ch) go
 // pixel-major: the logit and/or sigmoid(logit) in fp16, each staged as 16-bit rows by stmatrix in
 // the warpgroup's buffer (Staged16's layout, 64 rows) and stored 16 bytes at a time. For the a/b
-// tiles: Each consumer warpgroup forms
+// tiles, each consumer warpgroup forms
 // a = sigmoid(g) p mask for its 64 pixel rows and the tile's 64 channels from its accumulators
 // (both logits of channel 4i + t in one thread: acc[4i + 2h], the projection, and
 // acc[4i + 2h + 1], the gate, at pixel row 16w + g + 8h; dlin_order.h); stmatrix transposes each
@@ -146,7 +155,7 @@ struct ProjectEpilogue : ProjectOutputs<T> {
 // one stmatrix writes fall in distinct banks); then its lanes store 8 pixels of a channel (16
 // bytes) at a time.
 template <class T>
-struct ProjectAbEpilogue : ProjectOutputs<T> {
+struct ProjectTmaEpilogue : ProjectOutputs<T> {
   static constexpr int kBlockN = ProjectTile::kBlockN, kStages = ProjectTile::kStages;
   static constexpr int kConsumers = ProjectTile::kConsumers, kProducerRegs = ProjectTile::kProducerRegs,
                        kConsumerRegs = ProjectTile::kConsumerRegs;
@@ -231,7 +240,7 @@ struct ProjectAbEpilogue : ProjectOutputs<T> {
                             int n0) const {
     const int64_t M = d.M(), r0 = m0 + 64 * cw;
     const int C = static_cast<int>(d.C), c0 = n0 - 4 * static_cast<int>(d.Ch);
-    const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) % 4, tq = lane & 3, wt = threadIdx.x % 128;
+    const int w = (threadIdx.x / 32) % 4, wt = threadIdx.x % 128;
     const Staged16 st{buf};  // [64 pixels][128 channels] 16-bit
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
@@ -241,15 +250,7 @@ struct ProjectAbEpilogue : ProjectOutputs<T> {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // n8 tiles 4q .. 4q + 3
         uint32_t pk[kFragNi][2];     // [n8 tile][row half] packed pairs
-#pragma unroll
-        for (int n = 0; n < kFragNi; ++n)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i = 4 * q + n, col = 8 * i + 2 * tq;
-            const float l0 = acc[0][4 * i + 2 * h] + bs[col], l1 = acc[0][4 * i + 2 * h + 1] + bs[col + 1];
-            pk[n][h] = pass == 0 ? dev::MmaOp<__half>::pack(l0, l1)
-                                 : dev::MmaOp<__half>::pack(sigmoid(l0), sigmoid(l1));
-          }
+        pack_gate(acc[0], bs, q, pass == 1, pk);
         st.put(0, pk, 16 * w, 32 * q);
       }
       dev::bar_sync(1 + cw, 128);

@@ -1,5 +1,5 @@
 // The GEMM engine's persistent main loop on Hopper's native path, for the triangle products (K =
-// N, batched over channels: the op's cubic work) and the input projection's a/b columns. One
+// N, batched over channels: the op's cubic work) and the input projection. One
 // block per SM walks the output tiles; its producer warp copies each k-step's operand tiles with
 // TMA into a ring of stages, and its consumer warpgroups (64 rows each) run m64n128k16 wgmma
 // straight from the stages, keeping one k-step's batch in flight while they release the stage

@@ -45,8 +45,8 @@ cudaError_t project(const Problem& p, const Workspace& ws, cudaStream_t s) {
                                 gate, logit};
   TmaOperands maps{};
   if (d.N % 8 == 0 && encode_tma_operands<__half, Major::kK, Major::kK>(
-                          &maps, xhat, w, kTmaBlockM<ProjectAbEpilogue<TAB>>, ProjectTile::kBlockN, 1))
-    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, ProjectAbEpilogue<TAB>{out}, s);
+                          &maps, xhat, w, kTmaBlockM<ProjectTmaEpilogue<TAB>>, ProjectTile::kBlockN, 1))
+    return launch_tma_loop<__half, Major::kK, Major::kK>(maps, shape, 1, ProjectTmaEpilogue<TAB>{out}, s);
   return launch_gemm_wgmma<__half, Major::kK, Major::kK>(xhat, w, shape, 1, ProjectEpilogue<TAB>{out}, s);
 }
 

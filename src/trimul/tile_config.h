@@ -46,9 +46,9 @@ struct TmaLoopConfig {
 struct ProductTile {
   static constexpr int kBlockN = 256, kStages = 4, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
 };
-// The input projection's a/b columns (K = C, two k-steps): 256 x 128 tiles (64 channels' both
-// logits), three 48 KB stages, four consumers: its epilogue (two MUFU a value, a transpose, the
-// channel-major stores) is bound by latency, which 16 warps hide better than 8. The launch
+// The input projection (K = C, two k-steps): 256 x 128 tiles (64 channels' both logits, or 128
+// output-gate channels), three 48 KB stages, four consumers: its a/b epilogue (two MUFU a value,
+// a transpose, the channel-major stores) is bound by latency, which 16 warps hide better than 8. The launch
 // allocates 96 registers a thread (65536 / 640, rounded down to 8): 24 x 128 + 112 x 512 fits.
 struct ProjectTile {
   static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
