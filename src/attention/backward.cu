@@ -12,8 +12,7 @@
 //   of a (slice group, query tile) one after another in key-tile order, handed on by a
 //   release/acquire turn counter: a fixed order, no float atomics, O(B S H N D) memory. With C = 2
 //   chains (D = 32, N <= 640: tile_config.h) the even and the odd key tiles form two such chains
-//   into two buffers, which dq_finalize adds in chain order; with one chain (D <= 32) the last key
-//   tile scales and rounds the finished sum straight into dq (no finalize pass).
+//   into two buffers, which dq_finalize adds in chain order.
 // Roles meet at named barriers (BwdBarrier). With sDq in kDqStages stages the math can run that
 // many steps ahead of the turn, and the two dQ warps keep two steps' turn chains in flight.
 #include <cuda_runtime.h>
@@ -222,12 +221,8 @@ __device__ __forceinline__ void run_dbias(const BwdBlock<T, BiasT, D, C>& k, int
 // kDqStages]: each is added to the fp32 sum of the key tiles before this one (dq_acc) when the key
 // tile's turn comes, and the turn handed on. Two warps keep two steps' turn chains (wait, fetch,
 // add, store, release: latency, not work) in flight.
-// kToDq: this key tile ends the only chain, so its sums are final: scaled and rounded, they go
-// straight to dq, bit for bit what dq_finalize makes of a stored sum (B S H N D fp32 values
-// neither written nor read back, and no finalize launch). A separate instantiation, so that
-// the other key tiles' loop keeps its registers within the helper's budget.
-template <bool kToDq, class T, class BiasT, int D, int C>
-__device__ __forceinline__ void run_dq_steps(const BwdBlock<T, BiasT, D, C>& k, int lane, int w) {
+template <class T, class BiasT, int D, int C>
+__device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, int lane, int w) {
   using B = BwdBlock<T, BiasT, D, C>;
   constexpr int G = B::G, BQ = B::BQ;
   constexpr int kVirt = 4;  // the warp plays all 128 threads of the geometry below
@@ -253,12 +248,6 @@ __device__ __forceinline__ void run_dq_steps(const BwdBlock<T, BiasT, D, C>& k, 
     return DqChunk{chain_acc + ((static_cast<int64_t>(k.b) * k.S + sg * G) * k.H + k.h) * static_cast<int64_t>(k.N) * D +
                        (qi * BQ + r0) * D + c,
                    r0 * DP + c, k.N - qi * BQ - r0, min(G, k.S - sg * G)};
-  };
-  // dq's element (row q + vt's row, its column) of member m: computed at the store, since a
-  // second pointer held beside the sums spilled.
-  auto dq_out = [&](int vt, int sg, int qi, int m, int q) {
-    const int r = qi * BQ + vt / (D / 4) + q, c = 4 * (vt % (D / 4));
-    return slice_ptr_mut<T>(a.dq, k.b, sg * G + m, k.h) + r * a.dq.sn + c;
   };
   // The earlier sum is read straight into registers (L2: cg), kVB virtual threads' row passes at
   // a time, so one round trip serves 8 chunks (16 spill at the helper's register budget; one
@@ -298,13 +287,7 @@ __device__ __forceinline__ void run_dq_steps(const BwdBlock<T, BiasT, D, C>& k, 
           const float4 o = old[u][it];
           float4 v4 = *reinterpret_cast<const float4*>(dq + (m * BQ + q) * DP + ch[u].tile_off);
           if (pos > 0) v4 = make_float4(o.x + v4.x, o.y + v4.y, o.z + v4.z, o.w + v4.w);  // earlier tiles first
-          if constexpr (kToDq) {
-            const uint2 out = make_uint2(dev::MmaOp<T>::pack(v4.x * a.scale, v4.y * a.scale),
-                                         dev::MmaOp<T>::pack(v4.z * a.scale, v4.w * a.scale));
-            *reinterpret_cast<uint2*>(dq_out(lane + 32 * (v0 + u), sg, qi, m, q)) = out;
-          } else {
-            *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
-          }
+          *reinterpret_cast<float4*>(ch[u].g + m * dq_slice_stride + q * D) = v4;
         }
     }
     if (gs + kStages < k.steps) dev::bar_arrive(kBarDqFree + stage, B::kWith1);  // sDq[stage] read
@@ -314,14 +297,6 @@ __device__ __forceinline__ void run_dq_steps(const BwdBlock<T, BiasT, D, C>& k, 
     __syncwarp();
     if (lane == 0 && !last) dev::st_release_gpu(k.turn_of(sg, qi), pos + 1);
   }
-}
-
-template <class T, class BiasT, int D, int C>
-__device__ __forceinline__ void run_dq_warp(const BwdBlock<T, BiasT, D, C>& k, int lane, int w) {
-  if constexpr (bwd_dq_direct(D, C)) {
-    if (k.chain_last()) return run_dq_steps<true>(k, lane, w);
-  }
-  run_dq_steps<false>(k, lane, w);
 }
 
 // Everything step gs reads, into stage gs & 1: Q, dO, LSE, Dlt of the quad's slice, the bias

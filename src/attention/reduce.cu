@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) delta_kernel(const BwdArgs a
   }
 }
 
-// dq = scale * (the C chains' fp32 sums, added in chain order), rounded into the activation dtype
-// (where the backward kernel did not: tile_config.h's bwd_dq_direct);
+// dq = scale * (the C chains' fp32 sums, added in chain order), rounded into the activation dtype;
 // 8 elements per thread over a flat grid: where dq is the stacked projection's strided gradient
 // this measured faster than delta_kernel's walk (docs/perf-notes.md, fourth session).
 template <class T, int D, int C>
@@ -153,15 +152,13 @@ cudaError_t preprocess(const BwdArgs& a, cudaStream_t stream) {
 
 template <class T, int D>
 cudaError_t reduce(const BwdArgs& a, cudaStream_t stream) {
-  if (!bwd_dq_direct(D, a.dq_chains)) {  // else the backward kernel wrote dq itself
-    const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
-    const unsigned blocks = static_cast<unsigned>((rows * (D / 8) + 255) / 256);
-    constexpr int kTwo = D == 32 ? 2 : 1;  // only D = 32 takes two chains (tile_config.h's bwd_dq_chains)
-    if (a.dq_chains == 2) {
-      dq_finalize_kernel<T, D, kTwo><<<blocks, 256, 0, stream>>>(a);
-    } else {
-      dq_finalize_kernel<T, D, 1><<<blocks, 256, 0, stream>>>(a);
-    }
+  const int64_t rows = static_cast<int64_t>(a.dims.B) * a.dims.S * a.dims.H * a.dims.N;
+  const unsigned blocks = static_cast<unsigned>((rows * (D / 8) + 255) / 256);
+  constexpr int kTwo = D == 32 ? 2 : 1;  // only D = 32 takes two chains (tile_config.h's bwd_dq_chains)
+  if (a.dq_chains == 2) {
+    dq_finalize_kernel<T, D, kTwo><<<blocks, 256, 0, stream>>>(a);
+  } else {
+    dq_finalize_kernel<T, D, 1><<<blocks, 256, 0, stream>>>(a);
   }
   if (a.dbias.ptr) {
     const dim3 grid((a.dims.N + 31) / 32, (a.dims.N + 31) / 32, a.dims.B * a.dims.H);

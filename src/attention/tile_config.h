@@ -107,11 +107,6 @@ constexpr int bwd_dq_chains(int head_dim, int key_tiles) {
   return head_dim == 32 && key_tiles >= 2 && key_tiles <= kBwdShortChainTiles ? 2 : 1;
 }
 
-// Whether the backward kernel writes dq itself: with one chain its last key tile holds the
-// finished sums. At D >= 64 the dQ warps' second loop form for it spilled at the helper's 96
-// registers, so those keep the finalize pass.
-constexpr bool bwd_dq_direct(int head_dim, int chains) { return chains == 1 && head_dim <= 32; }
-
 // Blocks the backward aims to launch: 4 waves of 132 SMs bound the tail of the last wave to
 // a quarter. It fixes how slices are cut into chunks (and so the dbias partial count), so it
 // is a constant of the library, not read from the device: results stay bitwise identical on
