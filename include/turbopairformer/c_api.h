@@ -47,6 +47,8 @@ typedef struct tpf_attention_args {
 typedef struct tpf_trimul_args {
   tpf_tensor z, mask, out, dout, dz;
   tpf_tensor dz_in; /* optional, added to dz (tpf::TrimulBackwardParams::dz_in) */
+  /* optional residual update: out = residual + scale * update (tpf::TrimulForwardParams) */
+  tpf_tensor residual, scale;
   tpf_tensor w[TPF_TRIMUL_WEIGHTS], dw[TPF_TRIMUL_WEIGHTS];
   int32_t direction; /* 0 outgoing, 1 incoming */
   double eps;

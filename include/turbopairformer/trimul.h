@@ -37,7 +37,14 @@ struct TrimulForwardParams {
   TrimulWeights w;
   TrimulDirection direction = TrimulDirection::kOutgoing;
   double eps = 1e-5;
-  TensorView out;   // [B,N,N,C] z's dtype, written
+  TensorView out;   // [B,N,N,C] z's dtype (residual's with a residual), written
+  // Optional residual update around the op: out = residual + scale * update, the update rounded
+  // to z's dtype first (where the unfused path rounds it), so that the update is never written.
+  // residual: [B,N,N,C] contiguous, fp32 or z's dtype (e.g. the fp32 stream z was rounded
+  // from); scale: optional, with residual only, [B,N,N,C] bf16 through any strides whose last is
+  // 0 or 1 (a dropout mask shared along rows). The backward ignores both: its dout is the
+  // update's gradient (the residual's, times scale), as without them.
+  TensorView residual, scale;
   // Optional device buffer of trimul_saved_size bytes (256-byte aligned) for training: the
   // forward writes into it what the backward needs (normalised inputs, projections, the
   // triangle product, statistics), and a backward given the same buffer, the same inputs and
@@ -50,7 +57,7 @@ struct TrimulForwardParams {
 
 struct TrimulBackwardParams {
   TrimulForwardParams fwd;  // inputs as in the forward (fwd.out is ignored)
-  TensorView dout;          // [B,N,N,C]
+  TensorView dout;          // [B,N,N,C] z's dtype: the update's gradient
   TensorView dz;            // [B,N,N,C] z's dtype or fp32, written
   TensorView dz_in;         // dz's shape and dtype, optional: added to dz (it may be dz itself),
                             //   so that the gradient of a residual around the update joins dz

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from . import _calls, _native
+from . import _calls, _native, _residual
 from .layers import _branch_grad, residual_add
 
 _DIRECTIONS = {"outgoing": 0, "incoming": 1}
@@ -21,8 +21,11 @@ WEIGHTS = _native.TRIMUL_WEIGHTS  # the library's order: norm_in_weight, norm_in
 # The twelve weights are separate optional arguments (not a list), so that the schema says
 # exactly which gradient belongs to which input; the schemas are written from the one list.
 _W = ", ".join(f"Tensor? {w}" for w in WEIGHTS)
+# residual, scale: the residual update around the op, out = residual + scale * update
+# (turbopairformer/trimul.h); the backward takes the update's gradient, as without them.
 _FWD_SCHEMA = (
-    f"(Tensor x, Tensor? mask, {_W}, int direction, float eps, bool save) -> (Tensor, Tensor)"
+    f"(Tensor x, Tensor? mask, {_W}, int direction, float eps, bool save, "
+    "Tensor? residual=None, Tensor? scale=None) -> (Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     f"(Tensor dout, Tensor saved, Tensor x, Tensor? mask, {_W}, int direction, "
@@ -61,13 +64,31 @@ def _call(fn, a, x, saved: torch.Tensor, backward: bool) -> None:
     _calls.call_with_workspace(fn, _native.LIB.tpf_trimul_workspace_size, a, x, int(backward))
 
 
+def _residual_args(x, residual, scale) -> dict:
+    """The residual update's tensors for _args: the scale expanded to x's shape (a broadcast
+    view), both absent where residual is None."""
+    out = {} if residual is None else {"residual": residual}
+    if scale is not None:
+        out["scale"] = scale.expand(x.shape)
+    return out
+
+
+def _fwd_args(rest):
+    """(weights, direction, eps, save, residual, scale) from a trimul_fwd call's arguments after
+    x and mask (residual and scale default to None)."""
+    n = len(WEIGHTS)
+    residual, scale = (tuple(rest[n + 3 :]) + (None, None))[:2]
+    return list(rest[:n]), *rest[n : n + 3], residual, scale
+
+
 def _fwd(x, mask, *rest):
-    *weights, direction, eps, save = rest
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    weights, direction, eps, save, residual, scale = _fwd_args(rest)
+    out = torch.empty_like(x if residual is None else residual, memory_format=torch.contiguous_format)
     saved = _saved_buffer(x, weights[2], save)
+    extra = _residual_args(x, residual, scale)
     _call(
         _native.LIB.tpf_trimul_forward,
-        _args(x, mask, weights, direction, eps, out=out),
+        _args(x, mask, weights, direction, eps, out=out, **extra),
         x,
         saved,
         False,
@@ -76,8 +97,9 @@ def _fwd(x, mask, *rest):
 
 
 def _fwd_fake(x, mask, *rest):
-    *weights, _direction, _eps, save = rest
-    return torch.empty_like(x, memory_format=torch.contiguous_format), _saved_buffer(
+    weights, _direction, _eps, save, residual, _scale = _fwd_args(rest)
+    like = x if residual is None else residual
+    return torch.empty_like(like, memory_format=torch.contiguous_format), _saved_buffer(
         x, weights[2], save
     )
 
@@ -115,22 +137,27 @@ _trimul_bwd.register_fake(_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    x, mask, *weights, direction, eps, _save = inputs
+    x, mask = inputs[:2]
+    weights, direction, eps, _save, residual, scale = _fwd_args(inputs[2:])
     # The saved set is the backward's input, not a result: without set_materialize_grads(False)
     # autograd would fill a zero gradient of its size (1.3 GB at N = 768) on every backward.
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(output[1], x, mask, *weights)
+    ctx.save_for_backward(output[1], x, mask, scale, *weights)
     ctx.direction, ctx.eps = direction, eps
+    ctx.residual = residual is not None
 
 
 def _backward(ctx, dout, _dsaved):
     if dout is None:  # (grads are not materialized) out took no part in what is differentiated
         return (None,) * len(ctx.needs_input_grad)
-    saved, x, mask, *weights = ctx.saved_tensors
+    saved, x, mask, scale, *weights = ctx.saved_tensors
+    dres = dout if ctx.residual else None  # out = residual + scale * update (scale: no gradient)
+    if ctx.residual:
+        dout = _branch_grad(dout, scale, x.dtype)  # the update's gradient
     dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps, None)
     grads = [g if w is not None else None for g, w in zip(dw, weights)]
-    return (dz, None, *grads, None, None, None)
+    return (dz, None, *grads, None, None, None, dres, None)[: len(ctx.needs_input_grad)]
 
 
 _trimul_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -211,20 +238,41 @@ def kernel_input(z: torch.Tensor) -> torch.Tensor:
     return z
 
 
+def _fuses_residual(z: torch.Tensor, x: torch.Tensor, scale: Optional[torch.Tensor]) -> bool:
+    """Whether the op adds the residual itself (out = z + scale * update in its output stage):
+    z contiguous, and on CUDA fp32 or x's dtype, 16-byte aligned, with a bf16 scale the kernels
+    read through its strides. Elsewhere the node adds it with the residual kernel."""
+    if not z.is_contiguous():
+        return False
+    if not z.is_cuda:
+        return True  # the FP64 reference takes any float dtypes
+    return (
+        z.dtype in (torch.float32, x.dtype)
+        and z.data_ptr() % 16 == 0
+        and (scale is None or _residual._scale_ok(scale, z, torch.bfloat16))
+    )
+
+
 class _ResidualUpdate(torch.autograd.Function):
     """z + scale * update(z) for a [B, N, N, C] pair tensor z (fp32 under autocast: the update
-    runs on its bf16 copy). The backward forms the update's gradient in one pass from the
-    residual's, and the update's LayerNorm backward adds the residual's gradient to dz in its
-    own pass (dz_in), where autograd would take five (the product, its cast, the copy's cast
-    back, the sum)."""
+    runs on its bf16 copy). Where it can (_fuses_residual) the op's output stage adds the
+    residual, so the update is never written. The backward forms the update's gradient in one
+    pass from the residual's (forming it inside the op's first backward stage measured slower:
+    docs/perf-notes.md), and the update's LayerNorm backward adds the residual's
+    gradient to dz in its own pass (dz_in), where autograd would take five (the product, its
+    cast, the copy's cast back, the sum)."""
 
     @staticmethod
     def forward(ctx, z, scale, mask, direction, eps, low_memory, *weights):
         x = kernel_input(z)
+        fused = _fuses_residual(z, x, scale)
         with torch.autocast(z.device.type, enabled=False):
             save = any(t is not None and t.requires_grad for t in [z, *weights]) and not low_memory
-            out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
-            result = residual_add(z, out, scale)
+            if fused:
+                result, saved = _trimul_fwd(x, mask, *weights, direction, eps, save, z, scale)
+            else:
+                out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
+                result = residual_add(z, out, scale)
         ctx.save_for_backward(saved, x, mask, scale, *weights)
         ctx.direction, ctx.eps = direction, eps
         return result

@@ -118,6 +118,7 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_trimul_args, z, "tensor") TPF_ROW_(tpf_trimul_args, mask, "tensor")
     TPF_ROW_(tpf_trimul_args, out, "tensor") TPF_ROW_(tpf_trimul_args, dout, "tensor")
     TPF_ROW_(tpf_trimul_args, dz, "tensor") TPF_ROW_(tpf_trimul_args, dz_in, "tensor")
+    TPF_ROW_(tpf_trimul_args, residual, "tensor") TPF_ROW_(tpf_trimul_args, scale, "tensor")
     TPF_ROW_(tpf_trimul_args, w, "tensor[12]")
     TPF_ROW_(tpf_trimul_args, dw, "tensor[12]") TPF_ROW_(tpf_trimul_args, direction, "i32")
     TPF_ROW_(tpf_trimul_args, eps, "f64") TPF_ROW_(tpf_trimul_args, saved, "ptr")
@@ -181,6 +182,8 @@ tpf::TrimulForwardParams trimul_forward_params(const tpf_trimul_args& a) {
   p.direction = static_cast<tpf::TrimulDirection>(a.direction);
   p.eps = a.eps;
   p.out = view(a.out);
+  p.residual = view(a.residual);
+  p.scale = view(a.scale);
   p.saved = a.saved;
   p.saved_bytes = a.saved_bytes;
   return p;

@@ -133,6 +133,19 @@ Status Checker::contiguous(const char* arg, const TensorView& t) const {
   return Status::Ok();
 }
 
+Status Checker::scale(const char* arg, const TensorView& s, const TensorView& like,
+                      std::initializer_list<DType> dtypes, bool for_gpu) const {
+  TPF_RETURN_IF_ERROR(
+      shape(arg, s, {{"B", like.shape[0]}, {"I", like.shape[1]}, {"J", like.shape[2]}, {"C", like.shape[3]}}));
+  TPF_RETURN_IF_ERROR(dtype(arg, s, dtypes));
+  if (!for_gpu) return Status::Ok();
+  const int64_t sc = s.stride[3];
+  if (like.shape[3] > 1 && sc != 0 && sc != 1)
+    return fail(arg, "channel stride must be 1 or 0 (broadcast) on the GPU, got " + std::to_string(sc),
+                StatusCode::kUnsupported);
+  return sc == 1 ? aligned(arg, s, 16) : Status::Ok();
+}
+
 bool mixed_pair(DType a, DType b) {
   if (a == DType::kFP32) return b == DType::kFP32 || b == DType::kBF16 || b == DType::kFP16;
   return (a == DType::kBF16 || a == DType::kFP16) && b == a;

@@ -37,6 +37,11 @@ struct Checker {
   Status writable(const char* arg, const TensorView& t) const;
   // Row-major contiguous.
   Status contiguous(const char* arg, const TensorView& t) const;
+  // A scale broadcast over `like` [B, I, J, C] (a shared dropout mask, a row mask): like's
+  // shape through any strides (0 to broadcast), one of `dtypes`; on the GPU the channel stride
+  // 0 or 1, and then 16-byte aligned rows.
+  Status scale(const char* arg, const TensorView& s, const TensorView& like, std::initializer_list<DType> dtypes,
+               bool for_gpu) const;
 };
 
 // The (storage, compute) dtype pairs of the element-wise kernels (common/dtype_pairs.cuh): fp32

@@ -48,20 +48,7 @@ Status check_weight(const Checker& c, const TensorView& w, bool ref) {
   return c.contiguous("w", w);
 }
 
-// The scale: out's shape through any strides, the last 0 or 1 (then 16-byte aligned rows).
-Status check_scale(const Checker& c, const TensorView& s, const TensorView& pair, bool ref) {
-  TPF_RETURN_IF_ERROR(c.shape("scale", s, {{"B", pair.shape[0]}, {"I", pair.shape[1]}, {"J", pair.shape[2]}, {"N", N}}));
-  TPF_RETURN_IF_ERROR(c.dtype_or_fp64("scale", s, {DType::kBF16}, ref));
-  if (s.stride[3] > 1) return c.fail("scale", "last stride must be 0 (broadcast) or 1, got " + std::to_string(s.stride[3]));
-  return s.stride[3] == 1 ? c.aligned("scale", s, 16) : Status::Ok();
-}
-
 gated::Shape shape_of(const TensorView& pair) { return {pair.shape[0], pair.shape[1], pair.shape[2], N}; }
-
-gated::Scale scale_of(const TensorView& s) {
-  if (!s.present()) return {nullptr, {0, 0, 0, 0}};
-  return {s.data, {s.stride[0], s.stride[1], s.stride[2], s.stride[3]}};
-}
 
 }  // namespace
 
@@ -84,7 +71,7 @@ Status validate_gated_linear(const GatedLinearParams& p, bool for_gpu) {
   }
   if (p.scale.present()) {
     if (!residual) return c.fail("scale", "applies to the residual update only (x given)");
-    TPF_RETURN_IF_ERROR(check_scale(c, p.scale, pair, ref));
+    TPF_RETURN_IF_ERROR(c.scale("scale", p.scale, pair, {DType::kBF16, ref ? DType::kFP64 : DType::kBF16}, !ref));
   }
   return Status::Ok();
 }
@@ -99,7 +86,7 @@ Status gated_linear_forward(const GatedLinearParams& p, cudaStream_t stream) {
   using B = __nv_bfloat16;
   const gated::FwdArgs a{shape_of(p.out), static_cast<const B*>(p.g.data), p.g.stride[0],
                          static_cast<const B*>(p.o.data), p.o.stride[0], static_cast<const B*>(p.w.data),
-                         static_cast<const B*>(p.bias.data), p.x.data, scale_of(p.scale), p.out.data, p.out.dtype};
+                         static_cast<const B*>(p.bias.data), p.x.data, residual::scale_ref(p.scale), p.out.data, p.out.dtype};
   return detail::cuda_status(kOp, gated::forward(a, stream));
 }
 

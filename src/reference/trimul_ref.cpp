@@ -204,12 +204,21 @@ Activations forward_one(const TrimulForwardParams& p, const Weights& w, const Di
   return A;
 }
 
+// The residual update's operands at (batch, i, j, c): the residual, and the scale (1 where absent).
+double residual_at(const TrimulForwardParams& p, int64_t b, int64_t i, int64_t j, int64_t c) {
+  return load(p.residual, p.residual.offset({b, i, j, c}));
+}
+double scale_at(const TrimulForwardParams& p, int64_t b, int64_t i, int64_t j, int64_t c) {
+  return p.scale.present() ? load(p.scale, p.scale.offset({b, i, j, c})) : 1.0;
+}
+
 }  // namespace
 
-static Status check_host(const char* op, const TensorView& z, const TensorView& mask,
-                  const TrimulWeights& w) {
+static Status check_host(const char* op, const TrimulForwardParams& f) {
+  const TrimulWeights& w = f.w;
   return detail::check_host_pointers(
-      op, {{"z", z.data}, {"mask", mask.data}, {"norm_in_weight", w.norm_in_weight.data},
+      op, {{"z", f.z.data}, {"mask", f.mask.data}, {"residual", f.residual.data}, {"scale", f.scale.data},
+           {"norm_in_weight", w.norm_in_weight.data},
            {"p_in_weight", w.p_in_weight.data}, {"g_in_weight", w.g_in_weight.data},
            {"norm_out_weight", w.norm_out_weight.data}, {"p_out_weight", w.p_out_weight.data},
            {"g_out_weight", w.g_out_weight.data}});
@@ -217,7 +226,7 @@ static Status check_host(const char* op, const TensorView& z, const TensorView& 
 
 Status trimul_forward(const TrimulForwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_trimul_forward(p, /*for_gpu=*/false));
-  TPF_RETURN_IF_ERROR(check_host("triangle_multiplicative_update", p.z, p.mask, p.w));
+  TPF_RETURN_IF_ERROR(check_host("triangle_multiplicative_update", p));
   const Dims d{p.z.shape[0], p.z.shape[1], p.z.shape[3], p.w.p_in_weight.shape[0] / 2};
   const Weights w = read_weights(p.w, d);
   for (int64_t batch = 0; batch < d.B; ++batch) {
@@ -226,7 +235,9 @@ Status trimul_forward(const TrimulForwardParams& p) {
       for (int64_t j = 0; j < d.N; ++j)
         for (int64_t c = 0; c < d.C; ++c) {
           const int64_t r = (i * d.N + j) * d.C + c;
-          store(p.out, p.out.offset({batch, i, j, c}), sigmoid(A.gate_lin[r]) * A.y[r]);
+          const double u = sigmoid(A.gate_lin[r]) * A.y[r];
+          store(p.out, p.out.offset({batch, i, j, c}),
+                p.residual.present() ? residual_at(p, batch, i, j, c) + scale_at(p, batch, i, j, c) * u : u);
         }
   }
   return Status::Ok();
@@ -234,7 +245,7 @@ Status trimul_forward(const TrimulForwardParams& p) {
 
 Status trimul_backward(const TrimulBackwardParams& p) {
   TPF_RETURN_IF_ERROR(validate_trimul_backward(p, /*for_gpu=*/false));
-  TPF_RETURN_IF_ERROR(check_host("triangle_multiplicative_update_backward", p.fwd.z, p.fwd.mask, p.fwd.w));
+  TPF_RETURN_IF_ERROR(check_host("triangle_multiplicative_update_backward", p.fwd));
   const TrimulForwardParams& f = p.fwd;
   const Dims d{f.z.shape[0], f.z.shape[1], f.z.shape[3], f.w.p_in_weight.shape[0] / 2};
   const int64_t N = d.N, C = d.C, Ch = d.Ch, P = N * N;

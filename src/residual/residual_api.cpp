@@ -22,27 +22,7 @@ Status check_like(const Checker& c, const char* arg, const TensorView& t, const 
   return for_gpu ? c.aligned(arg, t, 16) : Status::Ok();
 }
 
-Status check_scale(const Checker& c, const ResidualParams& p, const TensorView& like, DType u_dtype, bool for_gpu) {
-  if (!p.scale.present()) return Status::Ok();
-  TPF_RETURN_IF_ERROR(c.shape(
-      "scale", p.scale, {{"B", like.shape[0]}, {"I", like.shape[1]}, {"J", like.shape[2]}, {"C", like.shape[3]}}));
-  TPF_RETURN_IF_ERROR(c.dtype("scale", p.scale, {u_dtype}));
-  if (!for_gpu) return Status::Ok();
-  const int64_t sc = p.scale.stride[3];
-  if (like.shape[3] > 1 && sc != 0 && sc != 1)
-    return c.fail("scale", "channel stride must be 1 or 0 (broadcast) on the GPU, got " + std::to_string(sc),
-                  StatusCode::kUnsupported);
-  if (sc == 1) return c.aligned("scale", p.scale, 16);
-  return Status::Ok();
-}
-
 residual::Shape shape_of(const TensorView& t) { return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]}; }
-
-residual::Scale scale_of(const TensorView& s) {
-  residual::Scale r{s.data, {0, 0, 0, 0}};
-  for (int i = 0; s.present() && i < 4; ++i) r.s[i] = s.shape[i] > 1 ? s.stride[i] : 0;
-  return r;
-}
 
 }  // namespace
 
@@ -66,7 +46,7 @@ Status validate_residual(const ResidualParams& p, bool backward, bool for_gpu) {
                               dtype_name(lead.dtype) + " is not built for the GPU; supported: fp32 " + lead_name +
                               " with bf16, fp16 or fp32, or both in one 16-bit dtype",
                   StatusCode::kInvalidType);
-  TPF_RETURN_IF_ERROR(check_scale(c, p, lead, u.dtype, for_gpu));
+  if (p.scale.present()) TPF_RETURN_IF_ERROR(c.scale("scale", p.scale, lead, {u.dtype}, for_gpu));
   if (backward) return Status::Ok();
   TPF_RETURN_IF_ERROR(check_like(c, "out", p.out, p.z, for_gpu));
   return c.dtype("out", p.out, {p.z.dtype});
@@ -78,7 +58,7 @@ Status residual_forward(const ResidualParams& p, cudaStream_t stream) {
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       kOp, stream, {{"z", p.z.data}, {"u", p.u.data}, {"scale", p.scale.data}, {"out", p.out.data}}));
   return detail::cuda_status(kOp, residual::forward(shape_of(p.z), p.z.dtype, p.u.dtype, p.z.data, p.u.data,
-                                                    scale_of(p.scale), p.out.data, stream));
+                                                    residual::scale_ref(p.scale), p.out.data, stream));
 }
 
 Status residual_backward(const ResidualParams& p, cudaStream_t stream) {
@@ -87,7 +67,7 @@ Status residual_backward(const ResidualParams& p, cudaStream_t stream) {
   TPF_RETURN_IF_ERROR(detail::check_device_pointers(
       kOp, stream, {{"dout", p.dout.data}, {"scale", p.scale.data}, {"du", p.du.data}}));
   return detail::cuda_status(kOp, residual::backward(shape_of(p.dout), p.dout.dtype, p.du.dtype, p.dout.data,
-                                                     scale_of(p.scale), p.du.data, stream));
+                                                     residual::scale_ref(p.scale), p.du.data, stream));
 }
 
 }  // namespace tpf

@@ -30,6 +30,9 @@ GpuRunResult run_trimul_gpu(TrimulProblem& p, bool backward, int repeats, bool f
   for (int i = 0; i < TrimulProblem::kWeights; ++i)
     if (present(p, i)) *fw[i] = w[i].view;
   f.out = out.view;
+  DeviceTensor residual, scale;
+  if (p.residual.view.data) f.residual = (residual = to_device(p.residual, false)).view;
+  if (p.scale.view.data) f.scale = (scale = to_device(p.scale, false)).view;
   size_t bytes = 0;
   DeviceBuffer saved;
   if (backward && from_saved) {
@@ -106,6 +109,8 @@ GpuRunResult run_trimul_gpu(TrimulProblem& p, bool backward, int repeats, bool f
 TrimulProblem trimul_fp64_copy(const TrimulProblem& p) {
   TrimulProblem q = p;
   for (auto* t : {&q.z, &q.mask, &q.out, &q.dout, &q.dz}) *t = t->copy_as(DType::kFP64);
+  for (auto* t : {&q.residual, &q.scale})
+    if (t->view.data) *t = t->copy_as(DType::kFP64);
   for (int i = 0; i < TrimulProblem::kWeights; ++i) {
     q.w[i] = p.w[i].copy_as(DType::kFP64);
     q.dw[i] = p.dw[i].copy_as(DType::kFP64);

@@ -8,6 +8,9 @@ struct TrimulProblem {
   int64_t B, N, C, Ch;
   HostTensor z, mask, out, dout, dz;
   HostTensor dz_in;          // optional addend of dz (absent: no data)
+  // The residual update around the op (absent: no data): out = residual + scale * update;
+  // scale may be a broadcast view (stride 0).
+  HostTensor residual, scale;
   bool dz_in_alias = false;  // the GPU harness passes dz_in as dz itself (dz starts as dz_in)
   // Weights and gradients, in TrimulWeights order.
   static constexpr int kWeights = 12;
@@ -33,6 +36,21 @@ struct TrimulProblem {
       case 10: return {C, C};
       default: return {C};  // 9, 11
     }
+  }
+
+  // Makes this a residual update: a random residual (dtype res, where out then lands) and a
+  // dropout-like scale (0 or 1/0.75) shared along i (a broadcast view). dout stays the update's
+  // gradient.
+  void add_residual(DType res, DType scale_dtype, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    residual = HostTensor::make(res, {B, N, N, C});
+    residual.fill_normal(rng);
+    scale = HostTensor::make(scale_dtype, {B, 1, N, C});
+    std::bernoulli_distribution keep(0.75);
+    scale.for_each([&](int64_t, int64_t off) { scale.set(off, keep(rng) ? 1.0 / 0.75 : 0.0); });
+    scale.view.shape[1] = N;
+    scale.view.stride[1] = 0;
+    out = HostTensor::make(res, {B, N, N, C});
   }
 
   static TrimulProblem random(int64_t B, int64_t N, int64_t C, int64_t Ch, uint64_t seed,
@@ -78,6 +96,8 @@ struct TrimulProblem {
     f.w = weights(w);
     f.direction = direction;
     f.out = out.view;
+    if (residual.view.data) f.residual = residual.view;
+    if (scale.view.data) f.scale = scale.view;
     return f;
   }
 

@@ -1,6 +1,7 @@
 // GEMM epilogues of the multiplicative-update stages: what each product's fp32 tile becomes.
 #pragma once
 #include "common/warp_roles.cuh"
+#include "residual/rows.cuh"
 #include "trimul/gemm.cuh"
 #include "trimul/layout.h"
 
@@ -329,6 +330,31 @@ struct StoreEpilogue {
   }
 };
 
+// The residual update in the output stage's store (ResidualRef): 8 channels of pixel m from
+// channel c, at element offset `at` of the contiguous rows, with the residual kernel's
+// arithmetic (residual/rows.cuh), so the result is bitwise the unfused one.
+struct ResidualRows {
+  ResidualRef r;
+  residual::Shape sh;
+  __device__ ResidualRows(const ResidualRef& ref, const Dims& d) : r(ref), sh{d.B, d.N, d.N, d.C} {}
+  // out = residual + scale * u (u: the update, already rounded to bf16).
+  __device__ void store_out(void* out, const float (&u)[8], int64_t at, int64_t m, int c) const {
+    if (r.f32) store_out_t(static_cast<const float*>(r.ptr), static_cast<float*>(out), u, at, m, c);
+    else store_out_t(static_cast<const __nv_bfloat16*>(r.ptr), static_cast<__nv_bfloat16*>(out), u, at, m, c);
+  }
+
+ private:
+  template <class T>
+  __device__ void store_out_t(const T* res, T* out, const float (&u)[8], int64_t at, int64_t m, int c) const {
+    float x[8], s[8];  // [channel] residual, scale
+    residual::load8(x, res + at);
+    residual::load_scale<__nv_bfloat16>(s, sh, r.scale, m, c);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] += s[e] * u[e];
+    residual::store8(out + at, x);
+  }
+};
+
 // Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz), from registers: each thread
 // reads the gate pairs of its fragment (prefetched into shared memory in Staged16's layout while
 // the product runs), the bf16 results go through a Staged16 tile and out in rows of 16-byte
@@ -339,7 +365,8 @@ struct OutputEpilogue {
   Dims d;
   const float* bias;    // [C]
   const __half* gate;   // [M][C] sigmoid
-  PairRef out;        // bf16
+  PairRef out;        // bf16, or the residual update's rows (res.ptr)
+  ResidualRef res;    // ptr nullptr: out is the update
 
   __device__ bool prefetch(void* extra, int64_t m0, int n0) const {
     const auto row = [&](int r) { return m0 + r < d.M() ? gate + (m0 + r) * d.C : nullptr; };
@@ -380,6 +407,7 @@ struct OutputEpilogue {
       st.put(mi, pk, wm, wn);
     }
     __syncthreads();
+    if (res.ptr) return store_residual(t, st, m0, n0);
     auto* o = static_cast<__nv_bfloat16*>(out.ptr);
 #pragma unroll
     for (int i = 0; i < kStagedChunksPerThread; ++i) {
@@ -395,6 +423,19 @@ struct OutputEpilogue {
         for (int x = 0; x < 8; ++x)
           dst[x] = __ushort_as_bfloat16(static_cast<unsigned short>(w[x / 2] >> (16 * (x % 2))));
       }
+    }
+  }
+
+  // out = residual + scale * update from the staged bf16 update, 16-byte chunks of rows.
+  __device__ void store_residual(const EpiTile& t, const Staged16& st, int64_t m0, int n0) const {
+    const ResidualRows rr(res, d);
+#pragma unroll 2
+    for (int i = 0; i < kStagedChunksPerThread; ++i) {
+      const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16, c = n0 + 8 * k;
+      if (t.rows[r] < 0 || c >= d.C) continue;
+      float u[8];  // [channel] the update
+      dev::unpack8<__nv_bfloat16>(u, st.get(r, k));
+      rr.store_out(out.ptr, u, t.rows[r] + c, m0 + r, c);
     }
   }
 };

@@ -35,6 +35,7 @@ struct Problem {
   Dims d;
   PairRef z, out, dout, dz;
   PairRef dz_in;  // added to dz (ptr nullptr: nothing); dz's dtype
+  ResidualRef res;  // the forward's residual update around the op: out is its rows
   bool dz_f32;    // dz (and dz_in) fp32, else bf16
   MaskRef mask;
   WeightSet w, dw;  // dw: gradient outputs (ptr nullptr where not requested)

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "residual/kernels.h"
 #include "turbopairformer/tensor.h"
 
 #if defined(__CUDACC__)
@@ -34,6 +35,15 @@ struct Dims {
 struct PairRef {
   void* ptr;
   int64_t sb, si, sj;
+};
+
+// The residual update around the op (ptr nullptr: none): out = residual + scale * update, the
+// update rounded to bf16 first. residual, out and the backward's dout are contiguous [M][C] rows
+// in fp32 (f32) or bf16; the scale is bf16 through its strides (scale.p nullptr: 1).
+struct ResidualRef {
+  const void* ptr;
+  bool f32;
+  residual::Scale scale;
 };
 
 // The optional pair mask [B, N, N] of any dtype (ptr == nullptr: all ones).

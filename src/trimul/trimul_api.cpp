@@ -43,6 +43,8 @@ trimul::Problem problem_of(const TrimulForwardParams& f) {
   p.mask = {f.mask.present() ? f.mask.data : nullptr, static_cast<int>(f.mask.dtype), f.mask.stride[0],
             f.mask.stride[1], f.mask.stride[2]};
   p.w = weight_set(f.w);
+  p.res = {f.residual.present() ? f.residual.data : nullptr, f.residual.dtype == DType::kFP32,
+           residual::scale_ref(f.scale)};
   p.outgoing = f.direction == TrimulDirection::kOutgoing;
   p.eps = static_cast<float>(f.eps);
   return p;
@@ -90,7 +92,8 @@ Status check_pointers(const char* op, cudaStream_t stream, const TrimulForwardPa
        {"p_in_weight", f.w.p_in_weight.data}, {"g_in_weight", f.w.g_in_weight.data},
        {"norm_out_weight", f.w.norm_out_weight.data}, {"p_out_weight", f.w.p_out_weight.data},
        {"g_out_weight", f.w.g_out_weight.data}, {"out", out.data}, {"dout", dout.data},
-       {"workspace", ws}, {"saved", f.saved}, {"dz_in", dz_in.data}});
+       {"workspace", ws}, {"saved", f.saved}, {"dz_in", dz_in.data}, {"residual", f.residual.data},
+       {"scale", f.scale.data}});
 }
 
 }  // namespace
@@ -146,6 +149,7 @@ Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t wo
   TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p.fwd, p.dz, p.dout, workspace, p.dz_in));
   trimul::Problem pr = problem_of(p.fwd);
   pr.dout = pair_ref(p.dout);
+  pr.res = {};  // the backward ignores the forward's residual update (trimul.h)
   pr.dz = pair_ref(p.dz);
   pr.dz_in = pair_ref(p.dz_in);
   pr.dz_f32 = p.dz.dtype == DType::kFP32;

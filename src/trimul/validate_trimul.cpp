@@ -61,6 +61,41 @@ Status check_grad(const Checker& c, const char* arg, const TensorView& g, const 
   return c.writable(arg, g);
 }
 
+// A [B,N,N,C] tensor of z's dtype (or fp32 where fp32_too).
+Status check_output(const Checker& c, const char* arg, const TensorView& t,
+                           const TensorView& z, bool fp32_too = false) {
+  TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"B", z.shape[0]}, {"N", z.shape[1]}, {"N", z.shape[2]},
+                                       {"C", z.shape[3]}}));
+  TPF_RETURN_IF_ERROR(fp32_too ? c.dtype(arg, t, {z.dtype, DType::kFP32}) : c.dtype(arg, t, {z.dtype}));
+  TPF_RETURN_IF_ERROR(c.unit_last_stride(arg, t));
+  return Status::Ok();
+}
+
+// A [B,N,N,C] tensor like z, contiguous (16-byte aligned on the GPU): the residual update's
+// tensors, which its epilogues address as whole rows.
+Status check_pair_rows(const Checker& c, const char* arg, const TensorView& t, const TensorView& z,
+                       std::initializer_list<DType> dtypes, bool for_gpu) {
+  TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"B", z.shape[0]}, {"N", z.shape[1]}, {"N", z.shape[2]}, {"C", z.shape[3]}}));
+  TPF_RETURN_IF_ERROR(c.dtype(arg, t, dtypes));
+  TPF_RETURN_IF_ERROR(c.contiguous(arg, t));
+  return for_gpu ? c.aligned(arg, t, 16) : Status::Ok();
+}
+
+// The forward's residual update: residual like z (fp32 or z's dtype on the GPU), the scale only
+// with it, out in residual's dtype.
+Status check_residual(const Checker& c, const TrimulForwardParams& p, bool for_gpu) {
+  if (!p.residual.present()) {
+    if (p.scale.present()) return c.fail("scale", "applies to the residual update only (residual given)");
+    return check_output(c, "out", p.out, p.z);
+  }
+  if (for_gpu) TPF_RETURN_IF_ERROR(check_pair_rows(c, "residual", p.residual, p.z, {DType::kFP32, p.z.dtype}, true));
+  else TPF_RETURN_IF_ERROR(check_pair_rows(c, "residual", p.residual, p.z, kFloat, false));
+  if (p.scale.present())
+    TPF_RETURN_IF_ERROR(for_gpu ? c.scale("scale", p.scale, p.z, {DType::kBF16}, true)
+                                : c.scale("scale", p.scale, p.z, kFloat, false));
+  return check_pair_rows(c, "out", p.out, p.z, {p.residual.dtype}, for_gpu);
+}
+
 Status check_inputs(const TrimulForwardParams& p, bool for_gpu) {
   const Checker c{"triangle_multiplicative_update"};
   TPF_RETURN_IF_ERROR(c.shape("z", p.z, {{"B", -1}, {"N", -1}, {"N", -1}, {"C", -1}}));
@@ -92,22 +127,12 @@ Status check_inputs(const TrimulForwardParams& p, bool for_gpu) {
   return Status::Ok();
 }
 
-// A [B,N,N,C] tensor of z's dtype (or fp32 where fp32_too).
-Status check_output(const Checker& c, const char* arg, const TensorView& t,
-                           const TensorView& z, bool fp32_too = false) {
-  TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"B", z.shape[0]}, {"N", z.shape[1]}, {"N", z.shape[2]},
-                                       {"C", z.shape[3]}}));
-  TPF_RETURN_IF_ERROR(fp32_too ? c.dtype(arg, t, {z.dtype, DType::kFP32}) : c.dtype(arg, t, {z.dtype}));
-  TPF_RETURN_IF_ERROR(c.unit_last_stride(arg, t));
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status validate_trimul_forward(const TrimulForwardParams& p, bool for_gpu) {
   TPF_RETURN_IF_ERROR(check_inputs(p, for_gpu));
   const Checker c{"triangle_multiplicative_update"};
-  TPF_RETURN_IF_ERROR(check_output(c, "out", p.out, p.z));
+  TPF_RETURN_IF_ERROR(check_residual(c, p, for_gpu));
   return c.writable("out", p.out);
 }
 

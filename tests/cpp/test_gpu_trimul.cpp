@@ -23,6 +23,9 @@ struct TrimulCase {
   bool saved = true;  // the training path (forward keeps its saved set); false: backward recomputes
   // dz in fp32 with a residual's gradient added in the call (dz_in): 1 separate, 2 in place
   int residual = 0;
+  // the residual update around the op (fp32 residual and out, a dropout-like bf16 scale), with
+  // dz_in: what the Pairformer's residual_update passes
+  bool update = false;
 };
 
 std::string case_name(const TrimulCase& c) {
@@ -35,6 +38,7 @@ std::string case_name(const TrimulCase& c) {
   if (c.strided) n += "_strided";
   if (!c.saved) n += "_recompute";
   if (c.residual) n += c.residual == 2 ? "_dzin_inplace" : "_dzin";
+  if (c.update) n += "_residual_update";
   return n;
 }
 
@@ -61,6 +65,7 @@ TEST_P(GpuTrimul, MatchesFp64Reference) {
     p.out = p.out.copy_as(DType::kBF16, {0, 2, 1, 3}, 8);
     p.dz = p.dz.copy_as(DType::kBF16, {0, 2, 1, 3}, 8);
   }
+  if (c.update) p.add_residual(DType::kFP32, DType::kBF16, seed + 2);
   auto ref = harness::trimul_fp64_copy(p);
   ASSERT_TRUE(reference::trimul_forward(ref.fwd()).ok());
   ASSERT_TRUE(reference::trimul_backward(ref.bwd()).ok());
@@ -82,6 +87,14 @@ TEST_P(GpuTrimul, MatchesFp64Reference) {
     const std::vector<double> add = p.dz_in.values();
     for (size_t i = 0; i < g.size(); ++i) g[i] -= add[i];
     p.dz.set_values(g);
+  }
+  if (c.update) {  // the update alone (scale * update) on both sides: the residual is exact
+    for (TrimulProblem* q : {&p, &ref}) {
+      std::vector<double> o = q->out.values();
+      const std::vector<double> res = q->residual.values();
+      for (size_t i = 0; i < o.size(); ++i) o[i] -= res[i];
+      q->out.set_values(o);
+    }
   }
   EXPECT_TRUE(run.deterministic) << "gradients differ between repeated calls";
   const auto err = harness::trimul_errors(p, ref, true);
@@ -131,6 +144,10 @@ std::vector<TrimulCase> cases() {
   v.push_back({1, 7, 128, 128, false, true, false, DType::kFP32, false, 2, true, 2});
   v.push_back({1, 33, 64, 64, false, true, true, DType::kBF16, true, 2, true, 1});
   v.push_back({1, 33, 256, 32, true, true, true, DType::kBF16, false, 2, true, 2});
+  // the residual update in the output stage: the Pairformer's configuration (C = Ch = 128, no
+  // biases, fp32 weights, odd N), and recomputing in place at C = 64
+  v.push_back({1, 100, 128, 128, true, true, false, DType::kFP32, false, 2, true, 1, true});
+  v.push_back({1, 33, 64, 64, false, true, true, DType::kBF16, false, 2, false, 2, true});
   return v;
 }
 

@@ -140,6 +140,22 @@ TEST(ReferenceTrimul, DzInIsAddedToDz) {
   EXPECT_EQ(max_abs_diff(p.dw[2].values(), q.dw[2].values()), 0.0);
 }
 
+// With a residual: out = residual + scale * update; the backward ignores both (its dout is the
+// update's gradient).
+TEST(ReferenceTrimul, ResidualUpdateIsResidualPlusScaledUpdate) {
+  auto p = TrimulProblem::random(2, 5, 4, 3, 15), q = TrimulProblem::random(2, 5, 4, 3, 15);
+  q.add_residual(DType::kFP64, DType::kFP64, 16);
+  const auto res = q.residual.values(), s = q.scale.values();
+  ASSERT_TRUE(reference::trimul_forward(p.fwd()).ok());
+  ASSERT_TRUE(reference::trimul_forward(q.fwd()).ok());
+  const auto u = p.out.values(), got = q.out.values();
+  for (size_t i = 0; i < u.size(); ++i) EXPECT_NEAR(got[i], res[i] + s[i] * u[i], 1e-12);
+  ASSERT_TRUE(reference::trimul_backward(p.bwd()).ok());
+  ASSERT_TRUE(reference::trimul_backward(q.bwd()).ok());
+  EXPECT_EQ(max_abs_diff(p.dz.values(), q.dz.values()), 0.0);
+  for (int i : {0, 2, 8, 10}) EXPECT_EQ(max_abs_diff(p.dw[i].values(), q.dw[i].values()), 0.0);
+}
+
 TEST(ReferenceTrimul, WithoutBiasesMatchesZeroBiases) {
   auto p = TrimulProblem::random(1, 4, 3, 2, 11);
   for (int w : {3, 5, 9, 11}) p.w[w].fill(0.0);

@@ -130,6 +130,13 @@ const Case kCases[] = {
     {"TrimulGradForAbsentBias", Entry::kTrimulRefBwd, TRI_BWD(t.fwd.w.p_in_bias = TensorView{}),
      "d_p_in_bias", "weight is absent"},
     {"TrimulDzShape", Entry::kTrimulRefBwd, TRI_BWD(t.dz.shape[1] = 2), "dz", "expected shape"},
+    {"TrimulScaleWithoutResidual", Entry::kTrimulRefFwd, TRI_FWD(t.scale = t.out), "scale", "residual update only"},
+    {"TrimulGpuResidualDtype", Entry::kTrimulGpuFwd, TRI_FWD(t.residual = t.z; t.residual.dtype = DType::kFP16),
+     "residual", "expected dtype float32 or bfloat16", StatusCode::kInvalidType},
+    {"TrimulGpuScaleChannelStride", Entry::kTrimulGpuFwd, TRI_FWD(t.residual = t.z; t.scale = t.z; t.scale.stride[3] = 2),
+     "scale", "channel stride", StatusCode::kUnsupported},
+    {"TrimulResidualNotContiguous", Entry::kTrimulRefFwd, TRI_FWD(t.residual = t.out; t.residual.stride[1] = 0),
+     "residual", "contiguous"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Arguments, Rejects, ::testing::ValuesIn(kCases),
@@ -143,6 +150,9 @@ TEST(Validation, ValidProblemsPass) {
   EXPECT_TRUE(attention_backward_workspace_size(ap.bwd(), &bytes).ok());
   EXPECT_GT(bytes, 0u);
   auto tp = TrimulProblem::random(1, 3, 32, 64, 4, DType::kBF16, DType::kFP32);
+  EXPECT_TRUE(validate_trimul_forward(tp.fwd(), true).ok());
+  EXPECT_TRUE(validate_trimul_backward(tp.bwd(), true).ok());
+  tp.add_residual(DType::kFP32, DType::kBF16, 5);  // fp32 residual, out and dout; broadcast scale
   EXPECT_TRUE(validate_trimul_forward(tp.fwd(), true).ok());
   EXPECT_TRUE(validate_trimul_backward(tp.bwd(), true).ok());
 }

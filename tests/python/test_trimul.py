@@ -163,6 +163,48 @@ def test_opcheck_cpu():
     )
 
 
+def test_opcheck_cpu_residual_update():
+    """The op with its residual update (out = residual + scale * update): the residual takes
+    the output's gradient, the scale none."""
+    m = tpf.TriangleMultiplicativeUpdate(4, 3).double()
+    z, mask = inputs(B=1, N=4, C=4)
+    residual = torch.randn(1, 4, 4, 4, dtype=torch.float64, requires_grad=True)
+    scale = (torch.rand(1, 1, 4, 4, generator=torch.Generator().manual_seed(1)) < 0.75).double() / 0.75
+    torch.library.opcheck(
+        torch.ops.turbopairformer.trimul_fwd.default,
+        (z.requires_grad_(True), mask, *packed_weights(m), 0, 1e-5, True, residual, scale),
+    )
+
+
+@requires_gpu
+@pytest.mark.parametrize("outgoing", [True, False])
+def test_cuda_fused_residual_update_is_bitwise_the_unfused_one(monkeypatch, outgoing):
+    """z + dropout * update(z) with the residual added in the op's output stage: the same bits
+    as the update written out and added by the residual kernel, and the same gradients (fp32 z,
+    bf16 autocast, a row-shared dropout mask, odd N)."""
+    from turbopairformer import trimul as trimul_mod
+
+    torch.manual_seed(7)
+    m = tpf.TriangleMultiplicativeUpdate(128, 128, outgoing=outgoing, bias=False).cuda()
+    N = 37
+    z0 = torch.randn(1, N, N, 128, device="cuda")
+    mask = (torch.rand(1, N, N, device="cuda") < 0.9).float()
+    scale = ((torch.rand(1, 1, N, 128, device="cuda") < 0.75) / 0.75).to(torch.bfloat16)
+    dy = torch.randn(1, N, N, 128, device="cuda")
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(trimul_mod, "_fuses_residual", lambda z, x, s, f=fused: f)
+        m.zero_grad()
+        z = z0.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m.residual_update(z, mask, scale)
+        assert y.dtype == torch.float32
+        y.backward(dy)
+        results.append([y.detach(), z.grad] + [p.grad.clone() for p in m.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
