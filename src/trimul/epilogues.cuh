@@ -330,31 +330,6 @@ struct StoreEpilogue {
   }
 };
 
-// The residual update in the output stage's store (ResidualRef): 8 channels of pixel m from
-// channel c, at element offset `at` of the contiguous rows, with the residual kernel's
-// arithmetic (residual/rows.cuh), so the result is bitwise the unfused one.
-struct ResidualRows {
-  ResidualRef r;
-  residual::Shape sh;
-  __device__ ResidualRows(const ResidualRef& ref, const Dims& d) : r(ref), sh{d.B, d.N, d.N, d.C} {}
-  // out = residual + scale * u (u: the update, already rounded to bf16).
-  __device__ void store_out(void* out, const float (&u)[8], int64_t at, int64_t m, int c) const {
-    if (r.f32) store_out_t(static_cast<const float*>(r.ptr), static_cast<float*>(out), u, at, m, c);
-    else store_out_t(static_cast<const __nv_bfloat16*>(r.ptr), static_cast<__nv_bfloat16*>(out), u, at, m, c);
-  }
-
- private:
-  template <class T>
-  __device__ void store_out_t(const T* res, T* out, const float (&u)[8], int64_t at, int64_t m, int c) const {
-    float x[8], s[8];  // [channel] residual, scale
-    residual::load8(x, res + at);
-    residual::load_scale<__nv_bfloat16>(s, sh, r.scale, m, c);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] += s[e] * u[e];
-    residual::store8(out + at, x);
-  }
-};
-
 // Output projection, forward: out = gate * (LN_out(x) Wzᵀ + bz), from registers: each thread
 // reads the gate pairs of its fragment (prefetched into shared memory in Staged16's layout while
 // the product runs), the bf16 results go through a Staged16 tile and out in rows of 16-byte
@@ -428,15 +403,28 @@ struct OutputEpilogue {
 
   // out = residual + scale * update from the staged bf16 update, 16-byte chunks of rows.
   __device__ void store_residual(const EpiTile& t, const Staged16& st, int64_t m0, int n0) const {
-    const ResidualRows rr(res, d);
+    const residual::Shape sh{d.B, d.N, d.N, d.C};
 #pragma unroll 2
     for (int i = 0; i < kStagedChunksPerThread; ++i) {
       const int q = threadIdx.x + i * Cfg::kThreads, r = q / 16, k = q % 16, c = n0 + 8 * k;
       if (t.rows[r] < 0 || c >= d.C) continue;
       float u[8];  // [channel] the update
       dev::unpack8<__nv_bfloat16>(u, st.get(r, k));
-      rr.store_out(out.ptr, u, t.rows[r] + c, m0 + r, c);
+      const int64_t at = t.rows[r] + c;  // out and the residual are contiguous rows alike
+      if (res.f32) add_residual<float>(u, sh, at, m0 + r, c);
+      else add_residual<__nv_bfloat16>(u, sh, at, m0 + r, c);
     }
+  }
+  // One chunk with the residual kernel's arithmetic (residual/rows.cuh): bitwise the unfused
+  // result.
+  template <class T>
+  __device__ void add_residual(const float (&u)[8], const residual::Shape& sh, int64_t at, int64_t m, int c) const {
+    float x[8], s[8];  // [channel] the residual, the scale
+    residual::load8(x, static_cast<const T*>(res.ptr) + at);
+    residual::load_scale<__nv_bfloat16>(s, sh, res.scale, m, c);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] += s[e] * u[e];
+    residual::store8(static_cast<T*>(out.ptr) + at, x);
   }
 };
 
