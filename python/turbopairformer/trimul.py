@@ -240,17 +240,12 @@ def kernel_input(z: torch.Tensor) -> torch.Tensor:
 
 def _fuses_residual(z: torch.Tensor, x: torch.Tensor, scale: Optional[torch.Tensor]) -> bool:
     """Whether the op adds the residual itself (out = z + scale * update in its output stage):
-    z contiguous, and on CUDA fp32 or x's dtype, 16-byte aligned, with a bf16 scale the kernels
-    read through its strides. Elsewhere the node adds it with the residual kernel."""
-    if not z.is_contiguous():
-        return False
+    on CUDA where the residual kernel would take z, the update x's dtype and the scale (the same
+    rows and arithmetic); on the CPU (the FP64 reference) for a contiguous z. Elsewhere the node
+    adds it with the residual kernel."""
     if not z.is_cuda:
-        return True  # the FP64 reference takes any float dtypes
-    return (
-        z.dtype in (torch.float32, x.dtype)
-        and z.data_ptr() % 16 == 0
-        and (scale is None or _residual._scale_ok(scale, z, torch.bfloat16))
-    )
+        return z.is_contiguous()
+    return _residual._on_kernel(z, x.dtype, scale)
 
 
 class _ResidualUpdate(torch.autograd.Function):

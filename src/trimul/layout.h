@@ -37,9 +37,9 @@ struct PairRef {
   int64_t sb, si, sj;
 };
 
-// The residual update around the op (ptr nullptr: none): out = residual + scale * update, the
-// update rounded to bf16 first. residual, out and the backward's dout are contiguous [M][C] rows
-// in fp32 (f32) or bf16; the scale is bf16 through its strides (scale.p nullptr: 1).
+// The forward's residual update around the op (ptr nullptr: none): out = residual + scale *
+// update, the update rounded to bf16 first. residual and out are contiguous [M][C] rows in fp32
+// (f32) or bf16; the scale is bf16 through its strides (scale.p nullptr: 1).
 struct ResidualRef {
   const void* ptr;
   bool f32;

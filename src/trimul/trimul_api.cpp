@@ -43,8 +43,6 @@ trimul::Problem problem_of(const TrimulForwardParams& f) {
   p.mask = {f.mask.present() ? f.mask.data : nullptr, static_cast<int>(f.mask.dtype), f.mask.stride[0],
             f.mask.stride[1], f.mask.stride[2]};
   p.w = weight_set(f.w);
-  p.res = {f.residual.present() ? f.residual.data : nullptr, f.residual.dtype == DType::kFP32,
-           residual::scale_ref(f.scale)};
   p.outgoing = f.direction == TrimulDirection::kOutgoing;
   p.eps = static_cast<float>(f.eps);
   return p;
@@ -133,7 +131,10 @@ Status trimul_forward(const TrimulForwardParams& p, void* workspace, size_t work
                                       workspace_bytes));
   TPF_RETURN_IF_ERROR(check_saved(kOp, p, trimul::saved_size(d)));
   TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p, p.out, TensorView{}, workspace));
-  return detail::cuda_status(kOp, trimul::run_forward(problem_of(p), ws, stream));
+  trimul::Problem pr = problem_of(p);
+  pr.res = {p.residual.present() ? p.residual.data : nullptr, p.residual.dtype == DType::kFP32,
+            residual::scale_ref(p.scale)};
+  return detail::cuda_status(kOp, trimul::run_forward(pr, ws, stream));
 }
 
 Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t workspace_bytes,
@@ -149,7 +150,6 @@ Status trimul_backward(const TrimulBackwardParams& p, void* workspace, size_t wo
   TPF_RETURN_IF_ERROR(check_pointers(kOp, stream, p.fwd, p.dz, p.dout, workspace, p.dz_in));
   trimul::Problem pr = problem_of(p.fwd);
   pr.dout = pair_ref(p.dout);
-  pr.res = {};  // the backward ignores the forward's residual update (trimul.h)
   pr.dz = pair_ref(p.dz);
   pr.dz_in = pair_ref(p.dz_in);
   pr.dz_f32 = p.dz.dtype == DType::kFP32;
