@@ -11,6 +11,7 @@
 #include "common/side_stream.h"
 #include "trimul/norm_epilogue.cuh"
 #include "trimul/stages.cuh"
+#include "trimul/tail.h"
 
 namespace tpf::trimul {
 namespace {
@@ -67,20 +68,45 @@ cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operan
   return launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, shape, 1, fused, s);
 }
 
-// The tail over pixel rows px: the input projections' backward (p, g recomputed) into dlin's
-// a/b columns; dlin's gate columns from dgate when dlin holds a chunk; then d xhat_in = (dlin
-// wcat) * gamma_in with LayerNorm_in's backward into dz, and beside it dW_in's partials of the
-// chunk's pixels. dlin's rows are px's (row px.r0 first).
+// The input projections' backward (p, g recomputed) into dlin's a/b columns, then d xhat_in =
+// (dlin wcat) * gamma_in with LayerNorm_in's backward into dz: the three-kernel path where the
+// fused tail (tail.h) does not apply. dlin's gate columns are already in place.
+cudaError_t project_and_norm_backward(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
+  const Dims& d = p.d;
+  const int64_t M = d.M(), PL = d.dlin_cols();
+  // K = P + 4Ch: dlin's high parts against every row of Wcat, its a/b low parts against the a/b
+  // rows again, so dlin's rounding does not reach dz.
+  const Operand dlin_rows{ws.dlin, PL, 0, px.r1, PL, px.r0}, wcat_n{ws.wcat_raw, d.C, 0, PL, d.C};
+  const GemmShape dxhat_in_shape{px.r1, static_cast<int>(d.C), PL, 0, px.r0};
+  if (fused_norm_in(d))
+    return p.dz_f32 ? norm_in_backward<float>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)
+                    : norm_in_backward<T>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s);
+  // one chunk (workspace.h's tail_rows): the row kernel takes every pixel
+  const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
+  cudaError_t e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s);
+  return e != cudaSuccess ? e : ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s);
+}
+
+// The tail over pixel rows px: the input projections' backward, d xhat_in and LayerNorm_in's
+// backward (one fused kernel, or the three-kernel path), and beside them dW_in's partials of the
+// chunk's pixels. dlin's rows are px's (row px.r0 first); its gate columns come from dgate when
+// dlin holds a chunk.
 cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
   const Dims& d = p.d;
-  const int64_t M = d.M(), P = d.proj_cols(), PL = d.dlin_cols();
-  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin),
-                                      ws.colsum_lin, px.r0};
+  const int64_t P = d.proj_cols(), PL = d.dlin_cols();
+  const bool fused = fused_tail_ok(d);
   cudaError_t e;
-  if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
-                                                     {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s)) !=
-      cudaSuccess)
-    return e;
+  if (fused) {
+    if ((e = fused_tail(p, ws, px.r0, px.r1, s)) != cudaSuccess) return e;
+  } else {
+    const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin),
+                                        ws.colsum_lin, px.r0};
+    if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
+                                                       weight_rows(ws.wcat, 4 * d.Ch, d.C),
+                                                       {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s)) !=
+        cudaSuccess)
+      return e;
+  }
   if (ws.dgate &&
       (e = cudaMemcpy2DAsync(static_cast<T*>(ws.dlin) + 4 * d.Ch, PL * sizeof(T),
                              static_cast<const T*>(ws.dgate) + px.r0 * d.C, d.C * sizeof(T), d.C * sizeof(T),
@@ -88,25 +114,10 @@ cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRang
     return e;
   tpf::detail::Fork fork(s);
   if ((e = fork.begin()) != cudaSuccess) return e;
-  // K = P + 4Ch: dlin's high parts against every row of Wcat, its a/b low parts against the a/b
-  // rows again, so dlin's rounding does not reach dz.
-  const Operand dlin_rows{ws.dlin, PL, 0, px.r1, PL, px.r0}, wcat_n{ws.wcat_raw, d.C, 0, PL, d.C};
-  const GemmShape dxhat_in_shape{px.r1, static_cast<int>(d.C), PL, 0, px.r0};
-  if (fused_norm_in(d)) {
-    if ((e = p.dz_f32 ? norm_in_backward<float>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)
-                      : norm_in_backward<T>(p, ws, dlin_rows, wcat_n, dxhat_in_shape, s)) != cudaSuccess)
-      return e;
-  } else {  // one chunk (workspace.h's tail_rows): the row kernel takes every pixel
-    const StoreEpilogue<float> to_dxhat_in{ws.dxhat, d.C, 0, M, d.C, p.w.w[kNormInW]};
-    if ((e = launch_gemm<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, dxhat_in_shape, 1, to_dxhat_in, s)) !=
-            cudaSuccess ||
-        (e = ln_rows_backward(p, ws.dxhat, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
-      return e;
-  }
+  if (!fused && (e = project_and_norm_backward(p, ws, px, s)) != cudaSuccess) return e;
   // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
-  // two), and xhat_in's high rows against dlin's a/b low parts (after d xhat_in): neither
-  // xhat_in's nor dlin's bf16 rounding reaches the input-side weight gradients (the low x low
-  // product is below both).
+  // two), and xhat_in's high rows against dlin's a/b low parts: neither xhat_in's nor dlin's
+  // bf16 rounding reaches the input-side weight gradients (the low x low product is below both).
   const T* dlin = static_cast<const T*>(ws.dlin);
   if ((e = weight_gradient(ws.xhat_in_bf, 2 * d.C, 2 * d.C, 0, dlin, P, PL, px.r0, ws.split_in, px, ws.part_in,
                            fork.side())) != cudaSuccess ||

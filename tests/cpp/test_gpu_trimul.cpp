@@ -148,6 +148,15 @@ std::vector<TrimulCase> cases() {
   // biases, fp32 weights, odd N), and recomputing in place at C = 64
   v.push_back({1, 100, 128, 128, true, true, false, DType::kFP32, false, 2, true, 1, true});
   v.push_back({1, 33, 64, 64, false, true, true, DType::kBF16, false, 2, false, 2, true});
+  // the fused backward tail (C = 128, N % 8 == 0): every count of a/b column tiles (Ch = 32 ..
+  // 128), partial last row tiles, strided z, no mask or biases, two batches, and the low-memory
+  // chunks recomputing with dz_in in place
+  v.push_back({1, 96, 128, 128, false});
+  v.push_back({1, 40, 128, 64, true, true, true, DType::kBF16, true});
+  v.push_back({1, 24, 128, 32, false, false, false, DType::kFP32});
+  v.push_back({2, 48, 128, 96, true});
+  v.push_back({1, 104, 128, 128, false, true, true, DType::kBF16, false, 2, false, 2});
+  v.push_back({1, 104, 128, 128, true, true, false, DType::kFP32, false, 2, true, 1, true});
   return v;
 }
 

@@ -1,0 +1,14 @@
+// The fused backward tail (tail.cu): the input projection's backward, d x̂_in and LayerNorm_in's
+// backward over pixel rows [r0, r1) in one kernel, writing dlin (for dW_in), dz, and the tiles'
+// column-sum and LayerNorm-parameter partials as the three-kernel path does.
+#pragma once
+#include "trimul/kernels.h"
+#include "trimul/workspace.h"
+
+namespace tpf::trimul {
+
+// Where fused_tail_ok(d) (workspace.h); cudaErrorNotSupported where TMA cannot reach an operand
+// (the workspace's buffers are all aligned for it).
+cudaError_t fused_tail(const Problem& p, const Workspace& ws, int64_t r0, int64_t r1, cudaStream_t s);
+
+}  // namespace tpf::trimul
