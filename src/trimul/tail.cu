@@ -59,20 +59,34 @@ __device__ __forceinline__ void tile_totals(const TailArgs& a, const TailSmem& s
   dev::bar_sync(kBarConsumers, 256);  // the staged totals are read: the tiles are free again
 }
 
+// 64 rows of a [rows][128] 16-bit map from `row` into a consumer's K-major tile (two 64-column
+// halves), completing on `bar` (one thread).
+__device__ __forceinline__ void load_rows(const CUtensorMap* map, uint32_t dst, uint32_t bar, int64_t row) {
+  dev::mbar_arrive_expect_tx(bar, TailSmem::kWgTile);
+  for (int h = 0; h < 2; ++h) dev::tma_load_3d(dst + h * TailSmem::kWgTile / 2, map, bar, 64 * h, static_cast<int>(row), 0);
+}
+
+// Column tile nt's high and low parts from the consumer's A tiles to dlin's rows from mw (rows
+// past r1 clipped by the map), for dW_in (one thread; a bulk group the next writer waits for).
+__device__ __forceinline__ void store_dlin(const TailMaps& maps, const TailArgs& a, const TailSmem& s, int c, int nt,
+                                           int64_t mw) {
+  for (int h = 0; h < 2; ++h) {
+    const int row = static_cast<int>(mw - a.r0), col = 128 * nt + 64 * h;
+    dev::tma_store_3d(&maps.dlin, s.hi(c) + h * TailSmem::kWgTile / 2, col, row, 0);
+    dev::tma_store_3d(&maps.dlin, s.lo(c) + h * TailSmem::kWgTile / 2, static_cast<int>(a.d.proj_cols()) + col, row, 0);
+  }
+  dev::bulk_commit();
+}
+
 // One consumer warpgroup (c: rows 64c .. 64c + 63 of each tile) over the block's tiles.
 template <class Tdz>
 __device__ __forceinline__ void consume(const TailMaps& maps, const TailArgs& a, const TailSmem& s, int c, int64_t tiles) {
   const bool leader = threadIdx.x % 128 == 0;
   const int NT = a.col_tiles;
   uint32_t uses_c = 0, uses_r = 0, uses_x = 0, uses_g = 0;
-  auto load_xhat = [&](int64_t m) {
-    dev::mbar_arrive_expect_tx(s.xhat_full(c), TailSmem::kWgTile);
-    for (int h = 0; h < 2; ++h)
-      dev::tma_load_3d(s.xhat(c) + h * TailSmem::kWgTile / 2, &maps.xhat, s.xhat_full(c), 64 * h, static_cast<int>(m), 0);
-  };
   int64_t t = blockIdx.x;
   if (t < tiles) {
-    if (leader) load_xhat(a.r0 + kRows * t + 64 * c);
+    if (leader) load_rows(&maps.xhat, s.xhat(c), s.xhat_full(c), a.r0 + kRows * t + 64 * c);
     load_da(a, s.da(0, c), 0, a.r0 + kRows * t + 64 * c);
   }
   dev::cp_async_commit();
@@ -91,10 +105,7 @@ __device__ __forceinline__ void consume(const TailMaps& maps, const TailArgs& a,
         load_da(a, s.da((nt + 1) & 1, c), nt + 1, mw);
       } else if (leader) {  // the gate columns' gradient takes the free da buffer
         dev::fence_proxy_async();
-        dev::mbar_arrive_expect_tx(s.dgate_full(c), TailSmem::kWgTile);
-        for (int h = 0; h < 2; ++h)
-          dev::tma_load_3d(s.da(NT & 1, c) + h * TailSmem::kWgTile / 2, &maps.dgate, s.dgate_full(c), 64 * h,
-                           static_cast<int>(mw - a.dgate_row0), 0);
+        load_rows(&maps.dgate, s.da(NT & 1, c), s.dgate_full(c), mw - a.dgate_row0);
       }
       dev::cp_async_commit();
       float pg[64];  // [p | g] logits [64 px][128 cols]
@@ -104,7 +115,7 @@ __device__ __forceinline__ void consume(const TailMaps& maps, const TailArgs& a,
       dev::cp_async_wait<1>();
       if (leader) dev::bulk_wait_read<0>();  // the previous column tile's dlin store has read its tiles
       dev::bar_sync(1 + c, 128);  // da landed for every thread; x̂'s last reader done
-      if (nt + 1 == NT && next < tiles && leader) load_xhat(a.r0 + kRows * next + 64 * c);
+      if (nt + 1 == NT && next < tiles && leader) load_rows(&maps.xhat, s.xhat(c), s.xhat_full(c), a.r0 + kRows * next + 64 * c);
       float sums[32] = {};
       dlin_epilogue(pg, s, c, s.da(nt & 1, c), mk, sums);
 #pragma unroll
@@ -115,14 +126,7 @@ __device__ __forceinline__ void consume(const TailMaps& maps, const TailArgs& a,
       }
       dev::fence_proxy_async();
       dev::bar_sync(1 + c, 128);  // the consumer's dlin tiles are written
-      if (leader) {  // to dlin's rows (past r1 clipped), for dW_in
-        for (int h = 0; h < 2; ++h) {
-          const int row = static_cast<int>(mw - a.r0), col = 128 * nt + 64 * h;
-          dev::tma_store_3d(&maps.dlin, s.hi(c) + h * TailSmem::kWgTile / 2, col, row, 0);
-          dev::tma_store_3d(&maps.dlin, s.lo(c) + h * TailSmem::kWgTile / 2, static_cast<int>(a.d.proj_cols()) + col, row, 0);
-        }
-        dev::bulk_commit();
-      }
+      if (leader) store_dlin(maps, a, s, c, nt, mw);
       dev::mbar_wait(s.wraw_full(), uses_r++ & 1);
       accumulate_dxhat(dx, s, s.hi(c), s.lo(c), true, nt == 0);
       if (leader) dev::mbar_arrive(s.wraw_empty());
