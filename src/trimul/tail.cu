@@ -212,7 +212,7 @@ cudaError_t fused_tail(const Problem& p, const Workspace& ws, int64_t r0, int64_
       !tail::matrix_map(&maps.dlin, dlin, PL, r1 - r0, PL, false, 64))
     return cudaErrorNotSupported;
   tail::TailArgs a{};
-  a.d = d, a.bcat = ws.bcat, a.mask = p.mask, a.da = ws.da, a.db = ws.db, a.dlin = dlin;
+  a.d = d, a.bcat = ws.bcat, a.mask = p.mask, a.da = ws.da, a.db = ws.db;
   a.colsum_lin = ws.colsum_lin, a.gamma = p.w.w[kNormInW], a.mean = ws.mean_in, a.rstd = ws.rstd_in;
   a.z = p.z, a.dz = p.dz, a.dz_in = p.dz_in, a.norm_part = ws.norm_in_part;
   a.r0 = r0, a.r1 = r1, a.dgate_row0 = dg_row0, a.col_tiles = static_cast<int>(4 * d.Ch / 128);

@@ -4,12 +4,12 @@
 // two consumer warpgroups, each owning 64 rows of the tile. For each 128-column tile nt of
 // dlin's a/b part a consumer
 //   recomputes [p | g] = x̂ Wcat_ntᵀ            (wgmma, fp16, both operands in shared memory),
-//   forms dlin's high/low parts from da, db       (registers; out to device memory for dW_in,
-//                                                  and into shared memory as the next A),
+//   forms dlin's high/low parts from da, db       (registers, into shared memory as the next
+//                                                  A; a TMA store copies them to dlin for dW_in),
 //   accumulates d x̂ += dlin_hi Wraw_nt + dlin_lo Wraw_nt   (wgmma, bf16),
 // then d x̂ += dgate Wraw_gate, and LayerNorm_in's backward on the d x̂ accumulator.
-// dlin is never read back here, which is what the old projection backward + d x̂_in pair paid
-// for (dlin's 1.36 GB at N = 768 written once and read three times).
+// Why one kernel: dlin (1.36 GB at N = 768) is then written once and read only by dW_in, where a
+// d x̂_in product would read it back (docs/perf-notes.md, eleventh session).
 #pragma once
 #include <cuda.h>
 
@@ -39,7 +39,6 @@ struct TailArgs {
   const float* bcat;      // [P] folded input bias, wcat's order
   MaskRef mask;
   const float *da, *db;   // channel-major fp32
-  bf16* dlin;             // [r1 - r0][P + 4Ch]: high parts, then the a/b low parts at P
   float* colsum_lin;      // [m-tiles][P]: the a/b columns' per-tile sums (dlin's order)
   WeightRef gamma;        // LayerNorm_in's [C]
   const float *mean, *rstd;
