@@ -33,8 +33,7 @@ __device__ __forceinline__ void stage_column_sums(const TailArgs& a, const TailS
     if (nt >= 0)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int q = b32 + j;  // sums index 8k + 2n + e: dlin column 32k + 8t + 2n + e
-        sums[w * ab + 128 * nt + 32 * (q / 8) + 8 * t + q % 8] = cs[slot][j];
+        sums[w * ab + 128 * nt + sums_column(b32 + j, t)] = cs[slot][j];
       }
   }
 }
@@ -43,8 +42,8 @@ __device__ __forceinline__ void tile_totals(const TailArgs& a, const TailSmem& s
   const int w = (threadIdx.x / 32) % 4, t = threadIdx.x & 3, ab = 128 * a.col_tiles, b64 = scatter_base<64>();
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int q = b64 + j, which = q / 32, idx = q % 32;  // pgb index: [d gamma | d beta][2i + e]
-    staged_totals(s, c)[4 * ab + w * 256 + 128 * which + 8 * (idx / 2) + 2 * t + idx % 2] = pgb[j];
+    const int q = b64 + j;  // pgb index: [d gamma | d beta][2i + e]
+    staged_totals(s, c)[4 * ab + w * 256 + 128 * (q / 32) + norm_channel(q % 32, t)] = pgb[j];
   }
   dev::bar_sync(kBarConsumers, 256);
   const int tid = threadIdx.x - 128, tile = static_cast<int>(m0 / kRows);

@@ -17,6 +17,7 @@
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
 #include "trimul/epilogues.cuh"
+#include "trimul/tail_layout.h"
 
 namespace tpf::trimul::tail {
 
@@ -80,11 +81,6 @@ struct TailSmem {
 };
 static_assert(TailSmem::kBytes <= 227 * 1024, "one block per SM");
 
-// Byte offset of 16-byte chunk `ch16` of row `row` in a [64 rows][128] 16-bit K-major tile.
-__device__ __forceinline__ uint32_t chunk_at(int row, int ch16) {
-  return (ch16 / 8) * (64 * 128) + row * 128 + (((ch16 % 8) ^ (row % 8)) << 4);
-}
-
 // A K-major descriptor of k16 step kk of a [rows][128] tile made of [rows][64] halves.
 __device__ __forceinline__ uint64_t k_desc(uint32_t tile, uint32_t half_bytes, int kk) {
   return dev::wgmma_desc(tile + (kk / 4) * half_bytes + 32 * (kk % 4), 16, 1024);
@@ -114,10 +110,8 @@ __device__ __forceinline__ void reduce_scatter_rows(float (&v)[N]) {
 }
 template <int N>
 __device__ __forceinline__ int scatter_base() {
-  const int lane = threadIdx.x & 31;
-  return (lane & 16 ? N / 2 : 0) + (lane & 8 ? N / 4 : 0) + (lane & 4 ? N / 8 : 0);
+  return tail::scatter_base<N>(threadIdx.x & 31);
 }
-
 // The producer (one thread): each tile's weight tiles in the consumers' order, Wcat_nt then
 // Wraw_nt for every a/b column tile, then Wraw's gate rows, each once both consumers released
 // the previous one.
@@ -141,10 +135,8 @@ __device__ __forceinline__ void produce_weights(const TailMaps& m, const TailSme
 }
 
 // da/db of column tile nt's 64 channels for the consumer's 64 pixels from mw, by cp.async into
-// [64 ch][64 px] with 4-pixel chunk k of channel c at k ^ 2 (c % 4) (the epilogue's reads, 4
-// channels x 8 pixels a warp, then hit 32 banks). Needs N % 8 == 0: a chunk never straddles a
-// matrix row. Rows past r1 read as zero.
-__device__ __forceinline__ int da_index(int c, int r) { return c * 64 + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3); }
+// [64 ch][64 px] (da_index). Needs N % 8 == 0: a 4-pixel chunk never straddles a matrix row. Rows
+// past r1 read as zero.
 __device__ __forceinline__ void load_da(const TailArgs& a, uint32_t dst, int nt, int64_t mw) {
   const int tid = threadIdx.x % 128, q = tid % 16, c0 = tid / 16;  // 4-pixel chunk, first channel
   const int64_t m = mw + 4 * q;
