@@ -1,9 +1,9 @@
 // Backward sequence (precision plan in kernels.h): the forward's saved set (or its recompute up
 // to LayerNorm_out when the caller kept none), then the output stage, LayerNorm_out backward,
 // the two transposed triangle products, the input projection backward and LayerNorm_in
-// backward; weight gradients as split-K products summed in order. Three pairs of independent
-// stages run on two streams (common/side_stream.h): d xhat_out with dWz, da with db, d xhat_in
-// with dW_in.
+// backward (one fused kernel where tail.h applies); weight gradients as split-K products summed
+// in order. Independent stages run on two streams (common/side_stream.h): d xhat_out with dWz,
+// da with db, dW_in's two products (beside d xhat_in on the three-kernel path).
 #include <cuda_bf16.h>
 
 #include <algorithm>
