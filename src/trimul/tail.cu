@@ -12,7 +12,6 @@ namespace tpf::trimul {
 namespace tail {
 namespace {
 
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 40 x 128 + 232 x 256 <= 65536
 constexpr int kBarConsumers = 3;                         // named barrier of both consumers (1, 2: each one's)
 
 // The tile's per-warp totals (column sums of dlin's a/b columns, d gamma and d beta), summed
@@ -166,11 +165,11 @@ __global__ void __launch_bounds__(kThreads, 1) tail_kernel(const __grid_constant
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    dev::regs_decrease<kProducerRegs>();
+    dev::regs_decrease<TailTile::kProducerRegs>();
     if (threadIdx.x == 0) produce_weights(maps, s, tiles, a.col_tiles);
     return;
   }
-  dev::regs_increase<kConsumerRegs>();
+  dev::regs_increase<TailTile::kConsumerRegs>();
   consume<Tdz>(maps, a, s, wg - 1, tiles);
 }
 

@@ -23,9 +23,11 @@ namespace tpf::trimul::tail {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kThreads = 384;  // producer warpgroup + two consumers
-constexpr int kRows = 128;     // pixels a tile (64 a consumer)
-constexpr int kMaxTiles = 4;   // a/b column tiles (128 columns: 64 channels' p and g): Ch <= 128
+constexpr int kThreads = TailTile::kThreads;  // producer warpgroup + two consumers
+constexpr int kRows = TailTile::kRows;        // pixels a tile (64 a consumer)
+constexpr int kMaxTiles = TailTile::kMaxColTiles;
+static_assert(TailTile::kConsumers == 2 && kRows == 64 * TailTile::kConsumers,
+              "the shared-memory plan below holds two consumers' tiles of 64 rows");
 
 struct TailMaps {
   CUtensorMap xhat;   // x̂_in [M][C] fp16, boxes of 64 channels x 64 pixels

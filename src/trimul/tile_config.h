@@ -54,6 +54,16 @@ struct ProjectTile {
   static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
 };
 
+// The fused backward tail (tail.cu): 128-pixel row tiles, 64 rows a consumer warpgroup (one
+// m64 wgmma row block each), so that a block's x̂, weight, dlin and da tiles fit its 224 KB of
+// shared memory once; two consumers with 64 + 64 accumulators ([p | g] and d x̂) beside the
+// epilogue's values (40 x 128 + 232 x 256 registers); a/b column tiles of 128 (64 channels' p and
+// g), at most four (Ch <= 128) so that their column totals stay in registers until the tile ends.
+struct TailTile {
+  static constexpr int kRows = 128, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232, kMaxColTiles = 4;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+};
+
 // The long-K products (4+ k-steps: weight gradients, K = B N^2 in split-K chunks; the d xhat
 // products; the triangle products where the TMA loop cannot take them) run on wgmma
 // (gemm_wgmma.cuh); false: on
