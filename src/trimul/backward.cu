@@ -68,10 +68,19 @@ cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operan
   return launch_long_k<T, Major::kK, Major::kMN>(dlin_rows, wcat_n, shape, 1, fused, s);
 }
 
-// The input projections' backward (p, g recomputed) into dlin's a/b columns, then d xhat_in =
-// (dlin wcat) * gamma_in with LayerNorm_in's backward into dz: the three-kernel path where the
-// fused tail (tail.h) does not apply. dlin's gate columns are already in place.
-cudaError_t project_and_norm_backward(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
+// The three-kernel path where the fused tail (tail.h) does not apply: the input projections'
+// backward (p, g recomputed) into dlin's a/b columns, on mma.sync with its epilogue from registers.
+cudaError_t project_backward(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
+  const Dims& d = p.d;
+  const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin,
+                                      px.r0};
+  return launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
+                                                   {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s);
+}
+
+// Then d xhat_in = (dlin wcat) * gamma_in with LayerNorm_in's backward into dz (dlin's gate
+// columns in place).
+cudaError_t dxhat_in_backward(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
   const Dims& d = p.d;
   const int64_t M = d.M(), PL = d.dlin_cols();
   // K = P + 4Ch: dlin's high parts against every row of Wcat, its a/b low parts against the a/b
@@ -95,18 +104,8 @@ cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRang
   const Dims& d = p.d;
   const int64_t P = d.proj_cols(), PL = d.dlin_cols();
   const bool fused = fused_tail_ok(d);
-  cudaError_t e;
-  if (fused) {
-    if ((e = fused_tail(p, ws, px.r0, px.r1, s)) != cudaSuccess) return e;
-  } else {
-    const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin),
-                                        ws.colsum_lin, px.r0};
-    if ((e = launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C),
-                                                       weight_rows(ws.wcat, 4 * d.Ch, d.C),
-                                                       {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s)) !=
-        cudaSuccess)
-      return e;
-  }
+  cudaError_t e = fused ? fused_tail(p, ws, px.r0, px.r1, s) : project_backward(p, ws, px, s);
+  if (e != cudaSuccess) return e;
   if (ws.dgate &&
       (e = cudaMemcpy2DAsync(static_cast<T*>(ws.dlin) + 4 * d.Ch, PL * sizeof(T),
                              static_cast<const T*>(ws.dgate) + px.r0 * d.C, d.C * sizeof(T), d.C * sizeof(T),
@@ -114,7 +113,7 @@ cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRang
     return e;
   tpf::detail::Fork fork(s);
   if ((e = fork.begin()) != cudaSuccess) return e;
-  if (!fused && (e = project_and_norm_backward(p, ws, px, s)) != cudaSuccess) return e;
+  if (!fused && (e = dxhat_in_backward(p, ws, px, s)) != cudaSuccess) return e;
   // dW_inᵀ from xhat_in's high rows then low rows against dlin (the [2C][P] partials stack the
   // two), and xhat_in's high rows against dlin's a/b low parts: neither xhat_in's nor dlin's
   // bf16 rounding reaches the input-side weight gradients (the low x low product is below both).

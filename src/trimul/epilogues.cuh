@@ -600,11 +600,8 @@ struct ProjectBackwardEpilogue {
   float* colsum_lin;     // [m-tiles][4Ch + C]
   int64_t dlin_row0 = 0;  // the pixel row dlin's first row holds (a chunk of the pixels)
 
-  // The prefetched da/db tile: [64 channels][128 pixels] fp32, the 16-byte chunk k of channel
-  // c's row at k ^ 2 (c % 4): a warp's reads (4 channels x 8 pixels) then hit 32 banks.
-  __device__ static int pre_index(int c, int r) {
-    return c * Cfg::kBlockM + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3);
-  }
+  // The prefetched da/db tile: [64 channels][128 pixels] fp32 (layout.h's swizzle).
+  __device__ static int pre_index(int c, int r) { return da_tile_index<Cfg::kBlockM>(c, r); }
 
   // da/db of the tile's 64 channels x 128 pixels into the extra area while the product runs
   // (N % 8 == 0: 4-pixel chunks are 16-byte aligned and inside one batch).

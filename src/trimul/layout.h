@@ -31,6 +31,15 @@ struct Dims {
   TPF_HD int64_t dlin_cols() const { return proj_cols() + 4 * Ch; }  // + the a/b columns' low parts
 };
 
+// Float index of (channel c, pixel r) in a prefetched da/db tile [channels][kPixels] fp32: the
+// 16-byte (4-pixel) chunk k of channel c's row at k ^ 2 (c % 4), so that a warp's reads (4
+// channels x 8 pixels) hit the 32 banks once (the projection backward's epilogue, kPixels = 128;
+// the fused tail's consumers, 64).
+template <int kPixels>
+TPF_HD inline int da_tile_index(int c, int r) {
+  return c * kPixels + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3);
+}
+
 // A pixel-major tensor with arbitrary b, i, j strides (channel stride 1): z, out, dout, dz.
 struct PairRef {
   void* ptr;

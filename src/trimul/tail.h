@@ -7,7 +7,14 @@
 
 namespace tpf::trimul {
 
-// Where fused_tail_ok(d) (workspace.h); cudaErrorNotSupported where TMA cannot reach an operand
+// Whether the tail runs as this kernel: C = 128 (one accumulator holds a row), Ch a multiple of
+// 32 up to 128 (whole a/b column tiles, at most TailTile::kMaxColTiles), N % 8 == 0 (da's
+// 4-pixel chunks inside a matrix row).
+inline bool fused_tail_ok(const Dims& d) {
+  return d.C == 128 && d.Ch % 32 == 0 && d.Ch <= 32 * TailTile::kMaxColTiles && d.N % 8 == 0;
+}
+
+// Where fused_tail_ok(d); cudaErrorNotSupported where TMA cannot reach an operand
 // (the workspace's buffers are all aligned for it).
 cudaError_t fused_tail(const Problem& p, const Workspace& ws, int64_t r0, int64_t r1, cudaStream_t s);
 

@@ -21,10 +21,9 @@ TPF_TAIL_MAP uint32_t chunk_at(int row, int ch16) {
   return static_cast<uint32_t>((ch16 / 8) * (64 * 128) + row * 128 + (((ch16 % 8) ^ (row % 8)) << 4));
 }
 
-// Float index of (channel c, pixel r) in a consumer's da/db tile [64 ch][64 px]: 4-pixel chunk k
-// of channel c at k ^ 2 (c % 4), so that a warp's reads (channels 4i + t, pixels of 8 rows) hit
-// the 32 banks once.
-TPF_TAIL_MAP int da_index(int c, int r) { return c * 64 + (((r >> 2) ^ (2 * (c & 3))) << 2) + (r & 3); }
+// Float index of (channel c, pixel r) in a consumer's da/db tile [64 ch][64 px] (layout.h's
+// swizzle: a warp's reads, channels 4i + t and pixels of 8 rows, hit the 32 banks once).
+TPF_TAIL_MAP int da_index(int c, int r) { return da_tile_index<64>(c, r); }
 
 // After reduce_scatter_rows over N values, the first of the N / 8 totals lane `lane` keeps.
 template <int N>

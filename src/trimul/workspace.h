@@ -27,10 +27,6 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
   return {chunk, (M + chunk - 1) / chunk};
 }
 
-// Whether the backward's tail runs as one fused kernel (tail.h): C = 128, Ch a multiple of 32 up
-// to 128, N % 8 == 0.
-inline bool fused_tail_ok(const Dims& d) { return d.C == 128 && d.Ch % 32 == 0 && d.Ch <= 128 && d.N % 8 == 0; }
-
 // Pixel rows of one chunk of the low-memory backward's tail (kTailChunks, whole split-K chunks
 // of dW_in), or M: one chunk. The tail is chunked where LayerNorm_in's backward runs in the
 // d xhat_in product's epilogue (C <= one tile), since the row kernel's fp32 d xhat aliases da.
