@@ -14,7 +14,7 @@
 // fragments of P^T and dS^T (converted from S^T's and dP^T's registers) under a 240 cap.
 //
 // Since the two-pass plan (docs/attention-design.md): `pass1::with_loads`, the 128-query step
-// with its TMA loads and its dQ sums' traffic, the first pass short of its dQ turn order.
+// with its TMA loads and its dQ turn chains: the first pass but for the key mask.
 //
 // Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 -I src -o attn_bwd_d_math \
 //          dev/probes/attn_bwd_d_math.cu src/common/tma.cpp
@@ -200,13 +200,13 @@ __global__ void __launch_bounds__(kThreads, 1) math_only(int steps, float* out) 
   out[blockIdx.x * kMath + threadIdx.x] = sum;
 }
 
-// The 128-query step with its loads and the dQ sum's traffic: the first pass of the two-pass
-// backward (docs/attention-design.md) short of its dQ turn order. A block owns a 128-key tile of
-// one (b, h) and a chunk of slices, and walks each slice's query tiles. Warpgroup 2: thread 0
-// the TMA producer (per step Q, dO, bias^T, LSE, Dlt into a two-stage ring; K, V on a slice's
-// first step, double-buffered by slice), warps 1-3 add each step's dQ part (fp32, 16 KB) to its
-// fp32 sum in global memory, read and written back, without waiting for the key tiles before
-// (so the sums are wrong; the traffic and the hand-off are the first pass's).
+// The 128-query step with its loads and its dQ sums: the first pass of the two-pass backward
+// (docs/attention-design.md) without the key mask. A block owns a 128-key tile of one (b, h) and
+// a chunk of slices, and walks each slice's query tiles. Warpgroup 2: thread 0 the TMA producer
+// (per step Q, dO, bias^T, LSE, Dlt into a two-stage ring; K, V on a slice's first step,
+// double-buffered by slice); warps 2 and 3 the dQ sums of query halves 0 and 1 (math warpgroup
+// u's half of the dQ part): each adds its half to the fp32 sum of the key tiles before this one
+// when its turn counter says so, and hands the turn on, as the library's dQ warps do.
 namespace pass1 {
 constexpr uint32_t kKv = 0;                           // [2 slices][K, V][BK][D] bf16
 constexpr uint32_t kStage0 = 4 * BK * D * 2;          // [2 stages] of:
@@ -221,8 +221,8 @@ constexpr uint32_t kBarsL = kDqL + 2 * kMaxBQ * D * 4;  // full[2], empty[2]
 constexpr uint32_t kBytesL = kBarsL + 32 + 1024;
 constexpr uint32_t kStepTx = 2 * kMaxBQ * D * 2 + BK * kMaxBQ * 2 + 2 * kMaxBQ * 4, kKvTx = 2 * BK * D * 2;
 constexpr int kMathRegs = 232, kHelperRegs = 48;  // 232 x 256 + 48 x 128 = 65536
-constexpr int kBarDqFull = 3, kBarDqFree = 5;     // + step parity; ids 1, 2: math_step's
-constexpr int kDqThreads = 96;
+constexpr int kBarDqFull = 3, kBarDqFree = 7;     // + 2 half + step parity; ids 1, 2: math_step's
+constexpr int kHalfWith = 128 + 32;               // a math warpgroup and its half's dQ warp
 
 struct Maps {
   CUtensorMap q, o, k, v, biasT, lse, dlt;
@@ -230,6 +230,7 @@ struct Maps {
 struct Args {
   int S, H, N, slices_per_chunk;
   float* dq_acc;  // [B S H][N][D] fp32
+  int* turn;      // [B H][S][query tiles][2 halves], zeroed: the key tile whose turn it is
   T *dk, *dv;     // [B S H][N][D]
 };
 
@@ -253,32 +254,41 @@ __device__ void produce(const Maps& m, uint32_t base, int s0, int s1, int nq, in
   }
 }
 
-// dQ warps: step j's part (sDq[j & 1]) onto its sum, four 16-byte chunks a lane in flight.
-__device__ void add_dq(const Args& a, uint8_t* s, int s0, int s1, int nq, int bh0, int lane96) {
-  constexpr int kChunks = kMaxBQ * D / 4, kBatch = 4;
+// The dQ warp of query half u: step j's half-part (sDq[j & 1], rows 64 u ..) onto the sum of the
+// key tiles before this one, in key-tile order (turn counters), four 16-byte chunks a lane in
+// flight.
+__device__ void add_dq(const Args& a, uint8_t* s, int s0, int s1, int nq, int bh0, int u, int lane) {
+  constexpr int kChunks = 64 * D / 4, kBatch = 4;  // a half-part: 64 rows of D floats; 8 spill at 48 registers
+  const int kb = blockIdx.x, last = gridDim.x - 1;
   for (int j = 0; j < (s1 - s0) * nq; ++j) {
-    const int sl = j / nq, q0 = (j % nq) * kMaxBQ, p = j & 1;
-    dev::bar_sync(kBarDqFull + p, kMath + kDqThreads);
-    const float4* part = reinterpret_cast<const float4*>(s + kDqL + p * kMaxBQ * D * 4);
+    const int sl = j / nq, qt = j % nq, p = j & 1, q0 = qt * kMaxBQ + 64 * u;
+    dev::bar_sync(kBarDqFull + 2 * u + p, kHalfWith);
+    int* turn = a.turn + ((static_cast<int64_t>(blockIdx.z) * a.S + s0 + sl) * nq + qt) * 2 + u;
+    if (kb > 0 && lane == 0)
+      while (dev::ld_acquire_gpu(turn) != kb) __nanosleep(32);
+    __syncwarp();
+    const float4* part = reinterpret_cast<const float4*>(s + kDqL + p * kMaxBQ * D * 4) + u * kChunks;
     float4* sum = reinterpret_cast<float4*>(a.dq_acc + (static_cast<int64_t>(bh0 + (s0 + sl) * a.H) * a.N + q0) * D);
-    const int rows = min(kMaxBQ, a.N - q0) * D / 4;
+    const int valid = max(0, min(64, a.N - q0)) * D / 4;
 #pragma unroll 1
-    for (int c0 = lane96; c0 < kChunks; c0 += kBatch * kDqThreads) {
+    for (int c0 = lane; c0 < kChunks; c0 += kBatch * 32) {
       float4 old[kBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = c0 + u * kDqThreads;
-        old[u] = c < rows ? __ldcg(sum + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int v = 0; v < kBatch; ++v) {
+        const int c = c0 + v * 32;
+        old[v] = kb > 0 && c < valid ? __ldcg(sum + c) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = c0 + u * kDqThreads;
-        if (c >= rows) continue;
-        const float4 v = part[c];
-        sum[c] = make_float4(old[u].x + v.x, old[u].y + v.y, old[u].z + v.z, old[u].w + v.w);
+      for (int v = 0; v < kBatch; ++v) {
+        const int c = c0 + v * 32;
+        if (c >= valid) continue;
+        const float4 x = part[c];
+        sum[c] = make_float4(old[v].x + x.x, old[v].y + x.y, old[v].z + x.z, old[v].w + x.w);
       }
     }
-    if (j + 2 < (s1 - s0) * nq) dev::bar_arrive(kBarDqFree + p, kMath + kDqThreads);  // none left half-arrived
+    if (j + 2 < (s1 - s0) * nq) dev::bar_arrive(kBarDqFree + 2 * u + p, kHalfWith);  // none left half-arrived
+    __syncwarp();
+    if (lane == 0 && kb < last) dev::st_release_gpu(turn, kb + 1);
   }
 }
 
@@ -298,8 +308,9 @@ __global__ void __launch_bounds__(kThreads, 1) with_loads(const __grid_constant_
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
     dev::regs_decrease<kHelperRegs>();
+    const int warp = (threadIdx.x - kMath) / 32;
     if (threadIdx.x == kMath) produce(maps, base, s0, s1, nq, bh0, blockIdx.z, k0, a.H);
-    if (threadIdx.x >= kMath + 32) add_dq(a, s, s0, s1, nq, bh0, threadIdx.x - kMath - 32);
+    if (warp >= 2) add_dq(a, s, s0, s1, nq, bh0, warp - 2, threadIdx.x % 32);
     return;
   }
   dev::regs_increase<kMathRegs>();
@@ -311,12 +322,12 @@ __global__ void __launch_bounds__(kThreads, 1) with_loads(const __grid_constant_
 #pragma unroll
       for (int i = 0; i < 16; ++i) dk[i] = dv[i] = 0.f;
     dev::mbar_wait(base + kBarsL + 8 * st, (j / 2) & 1);
-    if (j >= 2) dev::bar_sync(kBarDqFree + p, kMath + kDqThreads);  // sDq[p]: step j - 2's part added
+    if (j >= 2) dev::bar_sync(kBarDqFree + 2 * wg + p, kHalfWith);  // sDq[p]: step j - 2's half added
     const uint32_t stage = kStage0 + st * kStageBytes, kv = kKv + (sl & 1) * 2 * BK * D * 2;
     const StepSmem at{kv, kv + BK * D * 2, stage + kSQ, stage + kSO, kDsL, stage + kSBias, stage + kSLse, stage + kSDlt,
                       kDqL + p * kMaxBQ * D * 4};
     math_step<kMaxBQ, false>(s, at, wg, dk, dv, unused);
-    dev::bar_arrive(kBarDqFull + p, kMath + kDqThreads);
+    dev::bar_arrive(kBarDqFull + 2 * wg + p, kHalfWith);
     __syncwarp();
     if (lane == 0) dev::mbar_arrive(base + kBarsL + 16 + 8 * st);  // the stage is read
     if (j % nq == nq - 1) {  // the slice's dK, dV: keys 64 wg + 16 w + g (+ 8), columns 8 i + 2 t
@@ -358,6 +369,9 @@ float time_with_loads(int N, int chunks) {
   const int64_t rows = int64_t(B) * S * H, elems = rows * N * D;
   T *q, *o, *k, *v, *biasT, *dk, *dv;
   float *lse, *dlt, *acc;
+  int* turn;
+  const int64_t turns = int64_t(B) * H * S * (N / 128) * 2;
+  cudaMalloc(&turn, turns * 4);
   for (T** x : {&q, &o, &k, &v, &dk, &dv}) cudaMalloc(x, elems * 2);
   cudaMalloc(&biasT, int64_t(B) * H * N * N * 2);
   cudaMalloc(&lse, rows * N * 4), cudaMalloc(&dlt, rows * N * 4), cudaMalloc(&acc, elems * 4);
@@ -390,19 +404,22 @@ float time_with_loads(int N, int chunks) {
             encode_tma(&m.dlt, dlt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, stat2, CU_TENSOR_MAP_SWIZZLE_NONE);
   float best = -1.f;
   if (ok) {
-    const Args a{S, H, N, (S + chunks - 1) / chunks, acc, dk, dv};
+    const Args a{S, H, N, (S + chunks - 1) / chunks, acc, turn, dk, dv};
     cudaFuncSetAttribute(with_loads, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytesL));
     const dim3 grid(N / BK, chunks, B * H);
-    best = probe::best_of_5_ms([&] { with_loads<<<grid, kThreads, kBytesL>>>(m, a); },
-                               [&] { with_loads<<<grid, kThreads, kBytesL>>>(m, a); });
-    std::printf("128-query steps with TMA loads and the dQ sums' traffic, %d blocks: %.3f ms (%s)\n",
+    auto run = [&] {
+      cudaMemsetAsync(turn, 0, turns * 4);
+      with_loads<<<grid, kThreads, kBytesL>>>(m, a);
+    };
+    best = probe::best_of_5_ms(run, run);
+    std::printf("first pass: 128-query steps with TMA loads and the dQ turn chains, %d blocks: %.3f ms (%s)\n",
                 grid.x * grid.y * grid.z, best, cudaGetErrorString(cudaGetLastError()));
   } else {
     std::printf("tensor map encoding failed\n");
   }
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(biasT), static_cast<void*>(lse),
-                  static_cast<void*>(dlt), static_cast<void*>(acc)})
+                  static_cast<void*>(dlt), static_cast<void*>(acc), static_cast<void*>(turn)})
     cudaFree(x);
   return best;
 }
