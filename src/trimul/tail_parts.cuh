@@ -114,6 +114,7 @@ template <int N>
 __device__ __forceinline__ int scatter_base() {
   return tail::scatter_base<N>(threadIdx.x & 31);
 }
+
 // The producer (one thread): each tile's weight tiles in the consumers' order, Wcat_nt then
 // Wraw_nt for every a/b column tile, then Wraw's gate rows, each once both consumers released
 // the previous one.
