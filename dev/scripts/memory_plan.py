@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""The multiplicative update's planned memory per pair, from the library's own size queries, on a
-machine without a GPU: the saved set plus the backward's workspace (saving mode), and the
-backward's workspace alone (low-memory mode), B = 1, C = Ch = 128, at each N.
+"""Planned memory from the library's own size queries, on a machine without a GPU.
 
-    dev/scripts/trimul_memory_plan.py [--n 256,384,768,1024,2048,4096] [--lib PATH]
-        [--peer-mib N=MIB,...]
+    dev/scripts/memory_plan.py [--op trimul|attention] [--n 256,384,768,1024,2048,4096]
+        [--lib PATH] [--peer-mib N=MIB,...]
+
+--op trimul (default): the multiplicative update's bytes a pair, B = 1, C = Ch = 128: the saved
+set plus the backward's workspace (saving mode) and the backward's workspace alone (low-memory
+mode), with the predicted peak of a forward + backward (as the bench measures it: above the
+inputs), which adds the op's output and dz (bf16: 512 bytes a pair). For main's library at
+N = 768 that is 3710 MiB saving and 2.67 GiB low-memory, against 3712 MiB and 2.67 GiB
+measured on the H200 (trimul_compare/report.md, trimul_low_memory.txt).
+--op attention: the triangle attention backward's workspace (MiB) at the Pairformer's shape,
+B = 1, H = 4, D = 32, S = N, bf16 with a bf16 bias.
 
 --lib (default: $TPF_LIBRARY, else the package's search) names the libturbopairformer_c.so to
-ask, e.g. a build of a branch from dev/scripts/build_revs.sh. The predicted peak of a forward +
-backward (as the bench measures it: above the inputs) adds the op's output and dz (bf16: 512
-bytes a pair); for main's library at N = 768 that is 3710 MiB saving and 2.67 GiB low-memory,
-against 3712 MiB and 2.67 GiB measured on the H200 (trimul_compare/report.md,
-trimul_low_memory.txt). --peer-mib prints a measured peak (MiB, e.g. cuEquivariance's from
-bench/results/h200/trimul_compare/report.md) beside it. No tensor is allocated: the queries read
-shapes and strides only.
+ask, e.g. a build of a branch from dev/scripts/build_revs.sh. --peer-mib prints a measured peak
+(MiB, e.g. cuEquivariance's from bench/results/h200/trimul_compare/report.md) beside it. No
+tensor is allocated: the queries read shapes and strides only.
 """
 
 from __future__ import annotations
@@ -80,10 +83,29 @@ def plan(N: int):
     return out
 
 
+def attention_workspace(N: int, H: int = 4, D: int = 32) -> float:
+    """The attention backward's workspace in MiB at [1, N, H, N, D], bf16, bf16 bias."""
+    import torch
+
+    from turbopairformer import _native, attention
+
+    q = _Shape((1, N, H, N, D), torch.bfloat16)
+    bias = _Shape((1, 1, H, N, N), torch.bfloat16)
+    mask = _Shape((1, N, 1, 1, N), torch.bool)
+    lse = _Shape((1, N, H, N), torch.float32)
+    a = attention._args(D**-0.5, True, q=q, k=q, v=q, bias=bias, mask=mask, out=q,
+                        out_residual=q, lse=lse, dout=q, dq=q, dk=q, dv=q, dbias=bias)  # fmt: skip
+    size, err = ctypes.c_size_t(0), _native.error_buffer()
+    query = _native.LIB.tpf_attention_backward_workspace_size
+    _native.check(query(ctypes.byref(a), ctypes.byref(size), err, len(err)), err)
+    return size.value / 2**20
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--op", choices=("trimul", "attention"), default="trimul")
     ap.add_argument("--n", default="256,384,768,1024,2048,4096")
     ap.add_argument("--lib", default=None, help="the C library to ask (default: $TPF_LIBRARY)")
     ap.add_argument("--peer-mib", default="", help="N=MIB,... measured peaks to print beside")
@@ -92,6 +114,11 @@ def main(argv=None) -> int:
         os.environ["TPF_LIBRARY"] = str(Path(args.lib).resolve())
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
     peers = dict(kv.split("=") for kv in args.peer_mib.split(",") if kv)
+    if args.op == "attention":
+        print("| N | attention backward workspace, MiB |\n|---|---|")
+        for N in (int(n) for n in args.n.split(",")):
+            print(f"| {N} | {attention_workspace(N):.1f} |")
+        return 0
     head = "| N | saving: plan, B/pair | peak, MiB | low-memory: plan, B/pair | peak, MiB "
     head += "| peer, MiB |"
     print(head + "\n" + "|---" * 6 + "|")
