@@ -99,6 +99,18 @@ struct BwdConfig {
   static_assert(!kSplitRegs || (kMathRegs <= 256 && kHelperRegs >= 24), "setmaxnreg range");
 };
 
+// The two-pass backward (two_pass.cu; D = 32 with a 16-bit bias loadable by TMA): 128-key x
+// 128-query tiles, two math warpgroups of 64 keys (S^T, dP^T on m64n128k16: 64 + 64
+// accumulators a thread, which with dK, dV, dQ and the A fragments of P^T, dS^T need ~228
+// registers: dev/probes/attn_bwd_d_math.cu), a third warpgroup for the loads and the reductions
+// under 48 registers. Pass 1 (dQ, dK, dV) and pass 2 (dbias) walk the slices of a chunk.
+struct TwoPassTile {
+  static constexpr int kBlockK = 128, kBlockQ = 128;
+  static constexpr int kMathThreads = 256, kThreads = 384;
+  static constexpr int kMathRegs = 232, kHelperRegs = 48;  // 232 x 256 + 48 x 128 = 65536
+  static constexpr int kDqBatch = 4;  // dQ chunks a lane has in flight (eight spill at 48 registers)
+};
+
 // dQ turn chains: at D = 32 with 2 to kBwdShortChainTiles key tiles, two interleaved chains
 // (key tile kb in chain kb % 2, summed in chain order by dq_finalize) shorten the turn lag; at
 // N = 768 the second accumulator meets a full L2 and one chain wins.
