@@ -220,7 +220,7 @@ constexpr uint32_t kDqL = kDsL + BK * kMaxBQ * 2;     // [2 steps][128][D] fp32
 constexpr uint32_t kBarsL = kDqL + 2 * kMaxBQ * D * 4;  // full[2], empty[2]
 constexpr uint32_t kBytesL = kBarsL + 32 + 1024;
 constexpr uint32_t kStepTx = 2 * kMaxBQ * D * 2 + BK * kMaxBQ * 2 + 2 * kMaxBQ * 4, kKvTx = 2 * BK * D * 2;
-constexpr int kMathRegs = 232, kHelperRegs = 48;  // 232 x 256 + 48 x 128 = 65536
+constexpr int kMathRegs = 224, kHelperRegs = 56;  // 224 x 256 + 56 x 128 = the launch's 168 x 384
 constexpr int kBarDqFull = 3, kBarDqFree = 7;     // + 2 half + step parity; ids 1, 2: math_step's
 constexpr int kHalfWith = 128 + 32;               // a math warpgroup and its half's dQ warp
 
@@ -258,7 +258,7 @@ __device__ void produce(const Maps& m, uint32_t base, int s0, int s1, int nq, in
 // key tiles before this one, in key-tile order (turn counters), four 16-byte chunks a lane in
 // flight.
 __device__ void add_dq(const Args& a, uint8_t* s, int s0, int s1, int nq, int bh0, int u, int lane) {
-  constexpr int kChunks = 64 * D / 4, kBatch = 4;  // a half-part: 64 rows of D floats; 8 spill at 48 registers
+  constexpr int kChunks = 64 * D / 4, kBatch = 4;  // a half-part: 64 rows of D floats
   const int kb = blockIdx.x, last = gridDim.x - 1;
   for (int j = 0; j < (s1 - s0) * nq; ++j) {
     const int sl = j / nq, qt = j % nq, p = j & 1, q0 = qt * kMaxBQ + 64 * u;
