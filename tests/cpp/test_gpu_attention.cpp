@@ -132,6 +132,13 @@ std::vector<GpuCase> cases() {
   v.push_back({4, 64, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2, false});
   v.push_back({3, 200, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kOpenFold3Strided, true, 2, false});
   v.push_back({3, 100, 16, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, false});
+  // D = 32 with a 16-bit bias whose rows TMA can load (N a multiple of 8) takes the two-pass
+  // backward (two_pass.cu): the cases above with N = 8, 40, 64, 96, 200, 384 (masked rows,
+  // strided, fp16, no dbias, a full GPU), and here several slices a pass-1 chunk (K, V
+  // double-buffered across slices), three links of the dQ turn chains with a partial last key
+  // tile, several pass-2 chunks.
+  v.push_back({200, 264, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2});
+  v.push_back({64, 136, 32, DType::kFP16, DType::kFP16, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
   // An fp32 bias at D = 32 takes 64-key forward tiles (tile_config.h): fp16, strided, masked rows,
   // a partial last tile.
   v.push_back({3, 200, 32, DType::kFP16, DType::kFP32, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
