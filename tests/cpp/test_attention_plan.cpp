@@ -1,0 +1,55 @@
+// The two-pass attention backward's plan (CPU): its slice chunks cover every slice with none
+// empty, give at least half kBwdTargetBlocks blocks where there are slices enough, and fit the
+// workspace the API asks for.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "attention/kernels.h"
+#include "attention/tile_config.h"
+#include "testing/gpu_attention.h"
+
+namespace tpf::attn {
+namespace {
+
+void expect_chunks(int S, int chunks, int slices, int64_t blocks_per_chunk, const char* pass) {
+  SCOPED_TRACE(pass);
+  EXPECT_GE(chunks, 1);
+  EXPECT_LE(chunks, S);
+  EXPECT_GE(int64_t{chunks} * slices, S);        // every slice in a chunk
+  EXPECT_LT(int64_t{chunks - 1} * slices, S);    // no empty chunk (its blocks would return early)
+  // Equal chunks of whole slices: at least half the target (slices a chunk rounded up), or a
+  // chunk a slice.
+  EXPECT_GE(2 * blocks_per_chunk * chunks, std::min<int64_t>(kBwdTargetBlocks, 2 * blocks_per_chunk * S));
+}
+
+TEST(TwoPassPlan, ChunksCoverEverySliceAndFillTheGpu) {
+  for (int B : {1, 2})
+    for (int H : {1, 4})
+      for (int S : {1, 7, 200, 768})
+        for (int N : {1, 8, 100, 128, 129, 768, 4096}) {
+          SCOPED_TRACE("B " + std::to_string(B) + " H " + std::to_string(H) + " S " + std::to_string(S) +
+                       " N " + std::to_string(N));
+          const TwoPassPlan p = plan_two_pass({B, S, H, N});
+          EXPECT_EQ(p.key_tiles, (N + 127) / 128);
+          EXPECT_EQ(p.n_pad, p.key_tiles * 128);
+          const int64_t bh = int64_t{B} * H;
+          expect_chunks(S, p.chunks1, p.slices1, bh * p.key_tiles, "pass 1");
+          expect_chunks(S, p.chunks2, p.slices2, bh * p.key_tiles * p.key_tiles, "pass 2");
+        }
+}
+
+TEST(TwoPassPlan, WorkspaceHoldsItsBuffers) {
+  const int64_t B = 1, S = 3, H = 2, N = 136, D = 32;  // the two-pass partials (256 x 256) outgrow the others (192 x 192)
+  auto ap = test::AttnProblem::random({B, S, H, N, D}, 5, DType::kBF16, DType::kBF16);
+  size_t bytes = 0;
+  ASSERT_TRUE(attention_backward_workspace_size(ap.bwd(), &bytes).ok());
+  const TwoPassPlan p = plan_two_pass({int(B), int(S), int(H), int(N)});
+  // dQ sums, Dlt, LSE log2(e), the turn counters (two query halves a tile), the dbias partials
+  const int64_t need = 4 * (B * S * H * N * D + 2 * B * S * H * N + B * H * S * p.key_tiles * 2 +
+                            int64_t{p.chunks2} * B * H * p.n_pad * p.n_pad);
+  EXPECT_GE(static_cast<int64_t>(bytes), need);
+}
+
+}  // namespace
+}  // namespace tpf::attn
