@@ -218,13 +218,9 @@ template <class T>
 __global__ void __launch_bounds__(TP::kThreads, 1) pass1_kernel(const __grid_constant__ TwoPassMaps maps, const BwdArgs a,
                                                                  const TpArgs tp) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
-  const uint32_t base = dev::smem_addr(smem);
-  const TpRing ring{base + p1::kBars};
+  const auto [smem, base, ring] = tp_shared(smem_raw, p1::kBars);
   const TpBlock blk(a, tp.slices1);
   const int nq = tp.query_tiles, k0 = blockIdx.x * 128;
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
   if (blk.s1 <= blk.s0) return;  // every role returns: no barrier is left half-arrived
   if (threadIdx.x >= TP::kMathThreads) {
     dev::regs_decrease<TP::kHelperRegs>();
@@ -300,13 +296,9 @@ template <class T>
 __global__ void __launch_bounds__(TP::kThreads, 1) pass2_kernel(const __grid_constant__ TwoPassMaps maps, const BwdArgs a,
                                                                  const TpArgs tp) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (dev::smem_addr(smem_raw) & 1023)) & 1023);
-  const uint32_t base = dev::smem_addr(smem);
-  const TpRing ring{base + p2::kBars};
+  const auto [smem, base, ring] = tp_shared(smem_raw, p2::kBars);
   const TpBlock blk(a, tp.slices2);
   const int k0 = (blockIdx.x / tp.query_tiles) * 128, q0 = (blockIdx.x % tp.query_tiles) * 128;
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
   if (blk.s1 <= blk.s0) return;
   if (threadIdx.x >= TP::kMathThreads) {
     dev::regs_decrease<TP::kHelperRegs>();

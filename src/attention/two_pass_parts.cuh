@@ -56,6 +56,21 @@ struct TpRing {
   }
 };
 
+// The block's 1024-byte aligned shared memory (the 128-byte swizzle's period) and its ring, the
+// barriers initialised by thread 0 and published to the block.
+struct TpShared {
+  uint8_t* smem;
+  uint32_t base;  // its shared address
+  TpRing ring;
+};
+__device__ __forceinline__ TpShared tp_shared(uint8_t* raw, uint32_t bars) {
+  uint8_t* smem = raw + ((1024 - (dev::smem_addr(raw) & 1023)) & 1023);
+  const TpShared sh{smem, dev::smem_addr(smem), TpRing{dev::smem_addr(smem) + bars}};
+  if (threadIdx.x == 0) sh.ring.init();
+  __syncthreads();
+  return sh;
+}
+
 // The stats loader (one warp): for each step j, LSE log2e and Dlt of the 128 queries from q0 of
 // slice row `row` ([B S H] order) into the stage, zero past N (where dO is zero too).
 // step_of(j, &row, &q0, &stats): step j's slice row, first query and stage offset.
