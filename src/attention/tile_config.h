@@ -104,15 +104,13 @@ struct BwdConfig {
 // accumulators a thread, beside dK, dV, dQ and the A fragments of P^T, dS^T), a third warpgroup
 // for the loads and the reductions. Pass 1 (dQ, dK, dV) and pass 2 (dbias) walk the slices of a
 // chunk. Registers: the launch's pool is 168 x 384 (__launch_bounds__), which setmaxnreg splits
-// as 224 x 256 + 56 x 128; at 232 / 40 the dQ warps spill 12 bytes, at 224 / 56 nothing does
-// (ptxas, 2026-12-05).
+// as 224 x 256 + 56 x 128 (the dQ warps' adds are bulk copies: they hold no data).
 struct TwoPassTile {
   static constexpr int kBlockK = 128, kBlockQ = 128;
   static constexpr int kMathThreads = 256, kThreads = 384;
   static constexpr int kMathRegs = 224, kHelperRegs = 56;
   static_assert(kMathRegs * kMathThreads + kHelperRegs * (kThreads - kMathThreads) <= 168 * kThreads,
                 "setmaxnreg takes registers from the launch's pool");
-  static constexpr int kDqBatch = 4;
 };
 
 // dQ turn chains: at D = 32 with 2 to kBwdShortChainTiles key tiles, two interleaved chains

@@ -5,7 +5,8 @@
 // partial of dbias is read back by the first pass:
 // - pass 1 (a block: one 128-key tile of one (b, h), a chunk of slices, every query tile of
 //   each): dV += P^T dO and dK += dS^T Q in registers per slice; dQ = dS K per step, whose
-//   query halves two dQ warps add to fp32 sums in key-tile order (turn counters, as backward.cu);
+//   query halves two dQ warps add to fp32 sums in key-tile order (turn counters, as backward.cu;
+//   the adds by bulk copies done at L2);
 // - pass 2 (a block: a 128-key x 128-query tile of one (b, h) and a chunk of slices): the
 //   dbias tile in registers over the chunk's slices, one fp32 partial a chunk, which reduce.cu's
 //   dbias_reduce sums in chunk order.
@@ -96,42 +97,39 @@ __device__ void produce1(const TwoPassMaps& m, uint32_t base, const TpRing& ring
   }
 }
 
-// Pass 1's dQ warp of query half u: step j's half of the dQ part (rows 64 u of sDq[j & 1]) onto
-// the fp32 sum of the key tiles before this one, when its turn counter says so; then the turn
-// goes to the next key tile. (The turn counters were zeroed with the workspace.)
-__device__ void dq_warp(const BwdArgs& a, const uint8_t* smem, const TpBlock& blk, int nq, int u, int lane) {
-  constexpr int kChunks = 64 * kTpD / 4, kBatch = TP::kDqBatch;  // a half: 64 rows of D floats
+// Pass 1's dQ warp of query half u (its lane 0): step j's half of the dQ part (rows 64 u of
+// sDq[j & 1], 8 KB) onto the fp32 sum of the key tiles before this one, when its turn counter says
+// so, by one bulk copy (the first key tile) or bulk add at L2 (the others); then the turn goes to
+// the next key tile. The adds meet each element in key-tile order, as one thread's loop would.
+// (The turn counters were zeroed with the workspace.)
+__device__ void dq_warp(const BwdArgs& a, uint32_t base, const TpBlock& blk, int nq, int u, int lane) {
   const int kb = blockIdx.x, last = gridDim.x - 1;
   for (int j = 0; j < (blk.s1 - blk.s0) * nq; ++j) {
     const int s = blk.s0 + j / nq, qt = j % nq, p = j & 1, q0 = qt * 128 + 64 * u;
     dev::bar_sync(p1::kBarDqFull + 2 * u + p, p1::kHalfWith);
     int* turn = a.dq_turn + ((static_cast<int64_t>(blockIdx.z) * a.dims.S + s) * nq + qt) * 2 + u;
-    if (kb > 0 && lane == 0)
-      while (dev::ld_acquire_gpu(turn) != kb) __nanosleep(32);
-    __syncwarp();
-    const float4* part = reinterpret_cast<const float4*>(smem + p1::kDq + p * 128 * kTpD * 4) + u * kChunks;
-    float4* sum = reinterpret_cast<float4*>(a.dq_acc + (blk.row(a, s) * a.dims.N + q0) * kTpD);
-    const int valid = max(0, min(64, a.dims.N - q0)) * kTpD / 4;
-#pragma unroll 1
-    for (int c0 = lane; c0 < kChunks; c0 += kBatch * 32) {
-      float4 old[kBatch];
-#pragma unroll
-      for (int v = 0; v < kBatch; ++v) {
-        const int c = c0 + v * 32;
-        old[v] = kb > 0 && c < valid ? __ldcg(sum + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (lane == 0) {
+      const uint32_t part = base + p1::kDq + p * 128 * kTpD * 4 + u * 64 * kTpD * 4;
+      float* sum = a.dq_acc + (blk.row(a, s) * a.dims.N + q0) * kTpD;
+      const uint32_t bytes = static_cast<uint32_t>(max(0, min(64, a.dims.N - q0))) * kTpD * 4;
+      if (kb > 0) {
+        while (dev::ld_acquire_gpu(turn) != kb) __nanosleep(32);
+        dev::fence_proxy_async_global();  // the earlier key tiles' adds, before this one's
       }
-#pragma unroll
-      for (int v = 0; v < kBatch; ++v) {
-        const int c = c0 + v * 32;
-        if (c >= valid) continue;
-        const float4 x = part[c];
-        sum[c] = make_float4(old[v].x + x.x, old[v].y + x.y, old[v].z + x.z, old[v].w + x.w);  // earlier tiles first
+      if (bytes > 0) {
+        if (kb == 0) dev::bulk_store(sum, part, bytes);
+        else dev::bulk_reduce_add_f32(sum, part, bytes);
       }
+      dev::bulk_commit();
+      dev::bulk_wait_read<0>();  // sDq[p] read
     }
-    if (j + 2 < (blk.s1 - blk.s0) * nq) dev::bar_arrive(p1::kBarDqFree + 2 * u + p, p1::kHalfWith);  // none left half-arrived
-    // __syncwarp orders the lanes' stores before lane 0's release (cumulative at gpu scope).
     __syncwarp();
-    if (lane == 0 && kb < last) dev::st_release_gpu(turn, kb + 1);
+    if (j + 2 < (blk.s1 - blk.s0) * nq) dev::bar_arrive(p1::kBarDqFree + 2 * u + p, p1::kHalfWith);  // none left half-arrived
+    if (lane == 0) {
+      dev::bulk_wait_all();              // the add performed ...
+      dev::fence_proxy_async_global();   // ... and ordered before the release
+      if (kb < last) dev::st_release_gpu(turn, kb + 1);
+    }
   }
 }
 
@@ -205,6 +203,7 @@ __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRi
     dev::bar_sync(p1::kBarDsWritten, TP::kMathThreads);  // both halves of dS^T
     if (j >= 2) dev::bar_sync(p1::kBarDqFree + 2 * wg + p, p1::kHalfWith);  // step j - 2's half added
     dq_part<T>(smem, base, at.k, p1::kDq + p * 128 * kTpD * 4, wg);
+    dev::fence_proxy_async();  // the dQ part's stores, visible to the dQ warp's bulk copy
     dev::bar_sync(p1::kBarDsRead, TP::kMathThreads);  // dS^T read by both: the next step rewrites it
     dev::bar_arrive(p1::kBarDqFull + 2 * wg + p, p1::kHalfWith);
     ring.release(j, lane);
@@ -230,7 +229,7 @@ __global__ void __launch_bounds__(TP::kThreads, 1) pass1_kernel(const __grid_con
       load_stats(a, smem, ring, (blk.s1 - blk.s0) * nq, lane, [&](int j, int64_t* row, int* q0, uint32_t* stats) {
         *row = blk.row(a, blk.s0 + j / nq), *q0 = (j % nq) * 128, *stats = p1::stage(j) + p1::kStats;
       });
-    if (warp >= 2) dq_warp(a, smem, blk, nq, warp - 2, lane);
+    if (warp >= 2) dq_warp(a, base, blk, nq, warp - 2, lane);
     return;
   }
   dev::regs_increase<TP::kMathRegs>();
