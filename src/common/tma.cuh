@@ -71,8 +71,8 @@ __device__ __forceinline__ void tma_store_3d(const void* map, uint32_t src, int 
                : "memory");
 }
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) of shared memory at src to global
-// memory at dst, as a plain copy or added element-wise in fp32 (round to nearest; subnormals
-// flushed to zero, as red.add.f32), the add done at L2. Each joins this thread's current bulk group.
+// memory at dst, as a plain copy or added element-wise in fp32 at L2 (dst = dst + src). Each
+// joins this thread's current bulk group.
 __device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                : "memory");
