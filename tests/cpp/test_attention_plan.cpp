@@ -39,6 +39,18 @@ TEST(TwoPassPlan, ChunksCoverEverySliceAndFillTheGpu) {
         }
 }
 
+// The chunk counts docs/attention-design.md quotes for N = 768, H = 4, S = N: pass 1 22 chunks
+// (528 blocks, four full waves), pass 2 9 (1296 blocks, 98% of ten waves, the fewest within 2%
+// of the best fill).
+TEST(TwoPassPlan, ChunksAtTheDocumentedSize) {
+  const TwoPassPlan p = plan_two_pass({1, 768, 4, 768});
+  EXPECT_EQ(p.key_tiles, 6);
+  EXPECT_EQ(p.chunks1, 22);
+  EXPECT_EQ(p.slices1, 35);
+  EXPECT_EQ(p.chunks2, 9);
+  EXPECT_EQ(p.slices2, 86);
+}
+
 TEST(TwoPassPlan, WorkspaceHoldsItsBuffers) {
   const int64_t B = 1, S = 3, H = 2, N = 136, D = 32;  // the two-pass partials (256 x 256) outgrow the others (192 x 192)
   auto ap = test::AttnProblem::random({B, S, H, N, D}, 5, DType::kBF16, DType::kBF16);
