@@ -337,13 +337,19 @@ TwoPassPlan plan_two_pass(const Dims& d) {
   // Chunks of slices, a function of the shapes only (bitwise identical results on any GPU): at
   // least enough for kBwdTargetBlocks blocks (one a multiprocessor at a time), and up to four
   // times as many where that fills the last wave of 132 better, taking the fewest chunks within
-  // 2% of the best fill (each pass-2 chunk is a dbias partial of B H N^2 floats). N = 768, pass
-  // 2: 9 chunks (98% of 10 waves) rather than 4 (87% of 5).
+  // 2% of the best fill. N = 768, pass 2: 9 chunks (98% of 10 waves) rather than 4 (87% of 5).
+  // Each pass-2 chunk is a dbias partial of B H N^2 floats, and the workspace holds the larger
+  // of this plan's partials and backward.cu's: beyond the chunks that fill the GPU, pass 2 takes
+  // no more than backward.cu's partials hold, so the two-pass backward does not grow it where
+  // the partials weigh (N = 512: 10 chunks, 40 MiB, where the best fill took 35, 140 MiB).
   const int64_t bh = static_cast<int64_t>(d.B) * d.H;
-  auto chunk = [&](int64_t blocks_per_chunk, int* slices, int* chunks) {
+  const BwdPlan one = plan_backward(d, kTpD);
+  const int64_t plane = int64_t{p.n_pad} * p.n_pad;
+  const int64_t cap2 = std::max<int64_t>(1, int64_t{one.chunks} * one.part_rows * one.part_cols / plane);
+  auto chunk = [&](int64_t blocks_per_chunk, int64_t cap, int* slices, int* chunks) {
     constexpr int64_t kWave = kBwdTargetBlocks / 4;
     const int64_t want = std::clamp<int64_t>((kBwdTargetBlocks + blocks_per_chunk - 1) / blocks_per_chunk, 1, d.S);
-    const int64_t most = std::min<int64_t>(d.S, 4 * want);
+    const int64_t most = std::min<int64_t>(d.S, std::max(want, std::min(cap, 4 * want)));
     auto fill = [&](int64_t c, int* sl, int* n) {  // the last wave's fill with c chunks asked for
       *sl = static_cast<int>((d.S + c - 1) / c), *n = static_cast<int>((d.S + *sl - 1) / *sl);
       const int64_t blocks = blocks_per_chunk * *n;
@@ -354,8 +360,8 @@ TwoPassPlan plan_two_pass(const Dims& d) {
     for (int64_t c = want; c <= most; ++c)
       if (fill(c, slices, chunks) >= best - 0.02) return;
   };
-  chunk(bh * p.key_tiles, &p.slices1, &p.chunks1);
-  chunk(bh * p.key_tiles * p.key_tiles, &p.slices2, &p.chunks2);
+  chunk(bh * p.key_tiles, d.S, &p.slices1, &p.chunks1);
+  chunk(bh * p.key_tiles * p.key_tiles, cap2, &p.slices2, &p.chunks2);
   return p;
 }
 

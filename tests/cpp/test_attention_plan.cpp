@@ -51,6 +51,19 @@ TEST(TwoPassPlan, ChunksAtTheDocumentedSize) {
   EXPECT_EQ(p.slices2, 86);
 }
 
+// At the Pairformer's sizes (B = 1, H = 4, S = N) the two-pass dbias partials take no more room
+// than backward.cu's, so the workspace, the larger of the two, does not grow with the two-pass
+// backward. N = 512 took 35 chunks (140 MiB) under a rule of last-wave fill.
+TEST(TwoPassPlan, PartialsWithinTheOnePassBackwardsAtPairformerSizes) {
+  for (int N : {256, 384, 512, 640, 768, 1024}) {
+    SCOPED_TRACE("N " + std::to_string(N));
+    const Dims d{1, N, 4, N};
+    const TwoPassPlan p = plan_two_pass(d);
+    const BwdPlan one = plan_backward(d, 32);
+    EXPECT_LE(int64_t{p.chunks2} * p.n_pad * p.n_pad, int64_t{one.chunks} * one.part_rows * one.part_cols);
+  }
+  EXPECT_EQ(plan_two_pass({1, 512, 4, 512}).chunks2, 10);
+}
 TEST(TwoPassPlan, WorkspaceHoldsItsBuffers) {
   const int64_t B = 1, S = 3, H = 2, N = 136, D = 32;  // the two-pass partials (256 x 256) outgrow the others (192 x 192)
   auto ap = test::AttnProblem::random({B, S, H, N, D}, 5, DType::kBF16, DType::kBF16);
