@@ -2,6 +2,7 @@
 // argument structs and launch. Nothing is launched (or written) unless all checks pass.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -90,6 +91,8 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Workspace of the backward: [dq_acc][delta][lse_log2][dq_turn][dbias_part], 256-byte aligned.
+// At D = 32 each region is the larger of backward.cu's and the two-pass backward's (two_pass.cu),
+// since which one runs depends on the tensors' strides and alignment (TMA), not only on shapes.
 struct BwdWorkspace {
   size_t dq_acc, delta, lse_log2, turn, dbias_part, total;
 };
@@ -97,15 +100,21 @@ struct BwdWorkspace {
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, const attn::BwdPlan& plan) {
   const int64_t B = p.q.shape[0], S = p.q.shape[1], H = p.q.shape[2], N = p.q.shape[3],
                 D = p.q.shape[4];
+  int64_t turns = int64_t{plan.dq_chains} * B * H * plan.slice_groups * plan.query_tiles;
+  int64_t parts = int64_t{plan.chunks} * B * H * plan.part_rows * plan.part_cols;
+  if (D == 32) {
+    const attn::TwoPassPlan tp = attn::plan_two_pass(dims_of(p.q));
+    turns = std::max<int64_t>(turns, B * H * S * tp.key_tiles * 2);  // per query half
+    parts = std::max<int64_t>(parts, int64_t{tp.chunks2} * B * H * tp.n_pad * tp.n_pad);
+  }
   BwdWorkspace w;
   w.dq_acc = 0;
   w.delta = align_up(w.dq_acc + sizeof(float) * plan.dq_chains * B * S * H * N * D);
   w.lse_log2 = align_up(w.delta + sizeof(float) * B * S * H * N);
   w.turn = align_up(w.lse_log2 + sizeof(float) * B * S * H * N);
-  w.dbias_part = align_up(w.turn + sizeof(int) * plan.dq_chains * B * H * plan.slice_groups * plan.query_tiles);
+  w.dbias_part = align_up(w.turn + sizeof(int) * turns);
   w.total = w.dbias_part;
-  if (p.dbias.present())
-    w.total = align_up(w.total + sizeof(float) * plan.chunks * B * H * plan.part_rows * plan.part_cols);
+  if (p.dbias.present()) w.total = align_up(w.total + sizeof(float) * parts);
   return w;
 }
 

@@ -501,14 +501,12 @@ BwdPlan plan_backward(const Dims& d, int head_dim) {
   }
 }
 
-cudaError_t launch_backward_preprocess(const BwdArgs& a, bool fp16, int head_dim,
-                                       cudaStream_t stream);
-cudaError_t launch_backward_reduce(const BwdArgs& a, bool fp16, int head_dim,
-                                   cudaStream_t stream);
-
 cudaError_t launch_backward(const BwdArgs& a, bool fp16, int head_dim, cudaStream_t stream) {
+  bool two_pass = false;
+  cudaError_t e = launch_backward_two_pass(a, fp16, head_dim, stream, &two_pass);
+  if (two_pass || e != cudaSuccess) return e;
   const BwdPlan plan = plan_backward(a.dims, head_dim);
-  cudaError_t e = launch_backward_preprocess(a, fp16, head_dim, stream);
+  e = launch_backward_preprocess(a, fp16, head_dim, stream);
   if (e != cudaSuccess) return e;
   e = dispatch<LaunchBackward>(fp16, a.bias.fp32, head_dim, a, plan, stream);
   if (e != cudaSuccess) return e;

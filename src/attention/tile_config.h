@@ -99,6 +99,20 @@ struct BwdConfig {
   static_assert(!kSplitRegs || (kMathRegs <= 256 && kHelperRegs >= 24), "setmaxnreg range");
 };
 
+// The two-pass backward (two_pass.cu; D = 32 with a 16-bit bias loadable by TMA): 128-key x
+// 128-query tiles, two math warpgroups of 64 keys (S^T, dP^T on m64n128k16: 64 + 64
+// accumulators a thread, beside dK, dV, dQ and the A fragments of P^T, dS^T), a third warpgroup
+// for the loads and the reductions. Pass 1 (dQ, dK, dV) and pass 2 (dbias) walk the slices of a
+// chunk. Registers: the launch's pool is 168 x 384 (__launch_bounds__), which setmaxnreg splits
+// as 224 x 256 + 56 x 128 (the dQ warps' adds are bulk copies: they hold no data).
+struct TwoPassTile {
+  static constexpr int kBlockK = 128, kBlockQ = 128;
+  static constexpr int kMathThreads = 256, kThreads = 384;
+  static constexpr int kMathRegs = 224, kHelperRegs = 56;
+  static_assert(kMathRegs * kMathThreads + kHelperRegs * (kThreads - kMathThreads) <= 168 * kThreads,
+                "setmaxnreg takes registers from the launch's pool");
+};
+
 // dQ turn chains: at D = 32 with 2 to kBwdShortChainTiles key tiles, two interleaved chains
 // (key tile kb in chain kb % 2, summed in chain order by dq_finalize) shorten the turn lag; at
 // N = 768 the second accumulator meets a full L2 and one chain wins.

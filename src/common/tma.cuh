@@ -70,6 +70,20 @@ __device__ __forceinline__ void tma_store_3d(const void* map, uint32_t src, int 
                "r"(src), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of shared memory at src to global
+// memory at dst, as a plain copy or added element-wise in fp32 at L2 (dst = dst + src). Each
+// joins this thread's current bulk group.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+// Orders this thread's global accesses of the async proxy (bulk copies) with its generic ones.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until at most N of this thread's bulk groups are still reading their shared memory.
 template <int N>

@@ -21,10 +21,11 @@ struct GpuCase {
   bool compensate = true;
   int repeats = 1;
   bool dbias = true;    // false: no dbias asked for (the backward's math warps then sync alone)
+  int64_t B = 1;
 };
 
 std::string case_name(const GpuCase& c) {
-  std::string n = "S" + std::to_string(c.S) + "_N" + std::to_string(c.N) + "_D" + std::to_string(c.D);
+  std::string n = (c.B > 1 ? "B" + std::to_string(c.B) + "_" : std::string()) + "S" + std::to_string(c.S) + "_N" + std::to_string(c.N) + "_D" + std::to_string(c.D);
   n += c.act == DType::kFP16 ? "_fp16" : "_bf16";
   n += c.bias == DType::kFP32 ? "_biasfp32" : "_bias16";
   n += c.mask == MaskMode::kNone ? "_nomask" : c.mask == MaskMode::kRandom ? "_mask" : "_rowsmasked";
@@ -48,14 +49,14 @@ constexpr double kOutFactor = harness::kOutFloorFactor, kGradFactor = harness::k
 TEST_P(GpuAttention, MatchesFp64Reference) {
   const GpuCase& c = GetParam();
   const uint64_t seed = std::hash<std::string>{}(case_name(c)) ^ 0x9e3779b97f4a7c15ull;
-  auto p = AttnProblem::random({1, c.S, 2, c.N, c.D}, seed, c.act, c.bias, 0.8,
+  auto p = AttnProblem::random({c.B, c.S, 2, c.N, c.D}, seed, c.act, c.bias, 0.8,
                                c.layout == Layout::kContiguous ? std::vector<int>{}
                                                                : std::vector<int>{0, 1, 3, 2, 4},
                                c.layout == Layout::kContiguous ? 0 : 8);
   p.has_mask = c.mask != MaskMode::kNone;
   if (c.mask == MaskMode::kFullyMaskedSlice) {
     auto m = p.mask.values();
-    for (int64_t n = 0; n < c.N; ++n) m[n] = 0.0;  // every key of slice 0 masked
+    for (int64_t n = 0; n < c.N; ++n) m[n] = 0.0;  // every key of slice 0 (of batch 0) masked
     p.mask.set_values(m);
   }
   auto ref = p.to_fp64();
@@ -132,6 +133,17 @@ std::vector<GpuCase> cases() {
   v.push_back({4, 64, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2, false});
   v.push_back({3, 200, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kOpenFold3Strided, true, 2, false});
   v.push_back({3, 100, 16, DType::kBF16, DType::kFP32, MaskMode::kRandom, Layout::kContiguous, true, 1, false});
+  // D = 32 with a 16-bit bias whose rows TMA can load (N a multiple of 8) takes the two-pass
+  // backward (two_pass.cu): the cases above with N = 8, 40, 64, 96, 200, 384 (masked rows,
+  // strided, fp16, no dbias, a full GPU), and here several slices a pass-1 chunk (K, V
+  // double-buffered across slices), three links of the dQ turn chains with a partial last key
+  // tile, several pass-2 chunks.
+  v.push_back({200, 264, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2});
+  v.push_back({64, 136, 32, DType::kFP16, DType::kFP16, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
+  // ... one slice (the single track's attention with pair bias: pass 1 walks its query tiles
+  // alone), and two batches (a block's (b, h) from blockIdx.z, the turn counters per (b, h)).
+  v.push_back({1, 256, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2});
+  v.push_back({5, 136, 32, DType::kBF16, DType::kBF16, MaskMode::kRandom, Layout::kContiguous, true, 2, true, 2});
   // An fp32 bias at D = 32 takes 64-key forward tiles (tile_config.h): fp16, strided, masked rows,
   // a partial last tile.
   v.push_back({3, 200, 32, DType::kFP16, DType::kFP32, MaskMode::kFullyMaskedSlice, Layout::kOpenFold3Strided, true, 2});
