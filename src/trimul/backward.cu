@@ -54,11 +54,6 @@ cudaError_t weight_gradient(const void* dY, int64_t rows, int64_t y_ld, int64_t 
                                                   static_cast<int>(z1 - z0), epi, s);
 }
 
-// The LayerNorm backward runs in the d xhat product's epilogue when one tile holds whole rows;
-// the channel-major one also needs 8-pixel groups that stay inside a matrix row.
-bool fused_norm_in(const Dims& d) { return d.C <= Cfg::kBlockN; }
-bool fused_norm_out(const Dims& d) { return d.Ch <= Cfg::kBlockN && d.N % 8 == 0; }
-
 // d xhat_in's product with LayerNorm_in's backward in its epilogue, into dz (Tdz) plus dz_in.
 template <class Tdz>
 cudaError_t norm_in_backward(const Problem& p, const Workspace& ws, const Operand& dlin_rows, const Operand& wcat_n,
@@ -168,6 +163,10 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   // dy is dead: db may take its region (and da d xhat's).
   if ((e = fork.begin()) != cudaSuccess || (e = triangle_backward(p, ws, s, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
+    return e;
+  // x̂_in's buffers held dx and dy in the recomputing backward (workspace.h's overlays)
+  if (ws.remake_xhat_in &&
+      (e = ln_rows_forward(p, ws.xhat_in, ws.xhat_in_bf, ws.mean_in, ws.rstd_in, s)) != cudaSuccess)
     return e;
   for (int64_t r0 = 0; r0 < M; r0 += ws.tail_rows)
     if ((e = backward_tail(p, ws, {r0, std::min(M, r0 + ws.tail_rows)}, s)) != cudaSuccess) return e;

@@ -27,11 +27,17 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
   return {chunk, (M + chunk - 1) / chunk};
 }
 
+// Where the LayerNorm backwards run in their products' epilogues (backward.cu): one tile holds a
+// whole row, and (channel-major) 8-pixel groups stay inside a matrix row. Both: no fp32 d x̂
+// buffer.
+inline bool fused_norm_in(const Dims& d) { return d.C <= GemmConfig::kBlockN; }
+inline bool fused_norm_out(const Dims& d) { return d.Ch <= GemmConfig::kBlockN && d.N % 8 == 0; }
+
 // Pixel rows of one chunk of the low-memory backward's tail (kTailChunks, whole split-K chunks
 // of dW_in), or M: one chunk. The tail is chunked where LayerNorm_in's backward runs in the
 // d xhat_in product's epilogue (C <= one tile), since the row kernel's fp32 d xhat aliases da.
 inline int64_t tail_rows(const Dims& d, const WgradSplit& split_in) {
-  if (d.C > GemmConfig::kBlockN) return d.M();
+  if (!fused_norm_in(d)) return d.M();
   const int64_t per = (split_in.parts + kTailChunks - 1) / kTailChunks;
   return std::min(d.M(), per * split_in.chunk);
 }
@@ -69,6 +75,7 @@ struct Workspace {
   // [M][C]: the gate columns for every pixel, when dlin holds a chunk of the tail (else null)
   void *dlin = nullptr, *dgate = nullptr;
   int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
+  bool remake_xhat_in = false;                  // the overlays below took xhat_in's buffers: LayerNorm_in again
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
@@ -166,6 +173,34 @@ inline Workspace plan_forward(const Dims& d, void* base, bool save, void* saved)
   return w;
 }
 
+// The recomputing backward's overlays: with both LayerNorm backwards in epilogues (no d x̂
+// buffer), its buffers take the regions of the recomputed saved set as their lives end
+// (backward.cu's order: recompute, output stage, d x̂_out ‖ dWz, da ‖ db, tail ‖ dW_in):
+//   dx over xhat_in and dy over xhat_in_bf  (x̂_in is read only by the projection until the tail,
+//                                            and LayerNorm_in runs again before it),
+//   da over logit then x, db over xhat_out then xhat_out_bf  (dead after the output stage and
+//                                            d x̂_out ‖ dWz),
+//   dlin over a_bf then b_bf                 (dead after da ‖ db), for as many whole split-K
+//                                            chunks of pixel rows as fit.
+// plan_saved lays those pairs out adjacently. False (nothing changed) where a buffer would not
+// fit its region or not one chunk of dlin would. dgate is then its own buffer (the caller's).
+inline bool plan_recompute_overlays(const Dims& d, Workspace& w) {
+  const int64_t M = d.M(), cm = d.cm_elems(), dlin_row = d.dlin_cols() * 2;
+  const int64_t chunks = 2 * cm * 2 / dlin_row / w.split_in.chunk;  // dlin's chunks in a_bf, b_bf
+  if (!fused_norm_in(d) || !fused_norm_out(d) || chunks == 0) return false;
+  // dx in xhat_in, da in logit + x, db in xhat_out + xhat_out_bf (bytes; dy is xhat_in_bf's size)
+  if (cm * 2 > M * d.C * 2 || cm * 4 > M * d.C * 2 + cm * 2 || cm * 4 > 2 * M * d.Ch * 2) return false;
+  w.dx = w.xhat_in;
+  w.dy = w.xhat_in_bf;
+  w.da = static_cast<float*>(w.logit);
+  w.db = static_cast<float*>(w.xhat_out);
+  w.dxhat = nullptr;
+  w.dlin = w.a_bf;
+  w.tail_rows = std::min(M, chunks * w.split_in.chunk);
+  w.remake_xhat_in = true;
+  return true;
+}
+
 // Backward workspace; with `from_saved` the saved set is read from `saved` (nullptr when only
 // sizing), else recomputed into the workspace.
 inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void* saved) {
@@ -184,25 +219,29 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   } else {
     w.saved_bytes = plan_saved(d, a, w);
   }
-  // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
-  // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
-  // write da, and d xhat_in is written after the projection backward consumed da; dy's last
-  // reader (dWz) runs before db is written.
-  const int64_t cm4 = d.cm_elems() * 4;
-  void* r1 = a.take(std::max(M * std::max(d.C, d.Ch) * 4, cm4), 1);
-  void* r2 = a.take(std::max(M * 2 * d.C * 2, cm4), 1);
-  w.dxhat = static_cast<float*>(r1);
-  w.da = static_cast<float*>(r1);
-  w.dy = r2;
-  w.db = static_cast<float*>(r2);
   w.split_in = wgrad_split(M, 2 * d.C, P);  // rows: xhat_in's high then low parts
   w.split_in_lo = w.split_in;  // xhat_in's high parts x dlin's a/b low parts, on the same chunks
-  // Chunked in the low-memory mode (no saved set: the backward recomputes the forward), whole
-  // when the forward saved: the chunks cost time (docs/perf-notes.md, 2026-12-04).
-  w.tail_rows = from_saved ? M : tail_rows(d, w.split_in);
-  w.dlin = a.take(w.tail_rows * d.dlin_cols(), 2);
-  if (w.tail_rows < M) w.dgate = a.take(M * d.C, 2);
-  w.dx = a.take(d.cm_elems(), 2);
+  if (!from_saved && plan_recompute_overlays(d, w)) {
+    w.dgate = a.take(M * d.C, 2);  // written by the output stage, before a_bf and b_bf are free
+  } else {
+    // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
+    // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
+    // write da, and d xhat_in is written after the projection backward consumed da; dy's last
+    // reader (dWz) runs before db is written.
+    const int64_t cm4 = d.cm_elems() * 4;
+    void* r1 = a.take(std::max(M * std::max(d.C, d.Ch) * 4, cm4), 1);
+    void* r2 = a.take(std::max(M * 2 * d.C * 2, cm4), 1);
+    w.dxhat = static_cast<float*>(r1);
+    w.da = static_cast<float*>(r1);
+    w.dy = r2;
+    w.db = static_cast<float*>(r2);
+    // Chunked in the low-memory mode (no saved set: the backward recomputes the forward), whole
+    // when the forward saved: the chunks cost time (docs/perf-notes.md, 2026-12-04).
+    w.tail_rows = from_saved ? M : tail_rows(d, w.split_in);
+    w.dlin = a.take(w.tail_rows * d.dlin_cols(), 2);
+    if (w.tail_rows < M) w.dgate = a.take(M * d.C, 2);
+    w.dx = a.take(d.cm_elems(), 2);
+  }
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
