@@ -75,7 +75,13 @@ struct Workspace {
   // [M][C]: the gate columns for every pixel, when dlin holds a chunk of the tail (else null)
   void *dlin = nullptr, *dgate = nullptr;
   int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
-  bool remake_xhat_in = false;                  // the overlays below took xhat_in's buffers: LayerNorm_in again
+  // The recomputing backward's overlays (plan_recompute_overlays): x̂_in's copies for the tail
+  // remade per chunk of tail_rows pixels into tail_xhat ([tail_rows][C] fp16) and tail_xhat_bf
+  // ([tail_rows][2C]); xhat_row0: the pixel of xhat_in's and xhat_in_bf's row 0 as the tail reads
+  // them (0, or the chunk's first pixel).
+  bool xhat_per_chunk = false;
+  void *tail_xhat = nullptr, *tail_xhat_bf = nullptr;
+  int64_t xhat_row0 = 0;
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
@@ -174,30 +180,36 @@ inline Workspace plan_forward(const Dims& d, void* base, bool save, void* saved)
 }
 
 // The recomputing backward's overlays: with both LayerNorm backwards in epilogues (no d x̂
-// buffer), its buffers take the regions of the recomputed saved set as their lives end
-// (backward.cu's order: recompute, output stage, d x̂_out ‖ dWz, da ‖ db, tail ‖ dW_in):
-//   dx over xhat_in and dy over xhat_in_bf  (x̂_in is read only by the projection until the tail,
-//                                            and LayerNorm_in runs again before it),
-//   da over logit then x, db over xhat_out then xhat_out_bf  (dead after the output stage and
-//                                            d x̂_out ‖ dWz),
-//   dlin over a_bf then b_bf                 (dead after da ‖ db), for as many whole split-K
-//                                            chunks of pixel rows as fit.
-// plan_saved lays those pairs out adjacently. False (nothing changed) where a buffer would not
-// fit its region or not one chunk of dlin would. dgate is then its own buffer (the caller's).
+// buffer), its buffers take the regions of the recomputed saved set as their lives end, and it
+// needs no more than the saved set and the partials. backward.cu's order: 0 recompute, 1 output
+// stage, 2 d x̂_out ‖ dWz, 3 da ‖ db, 4 per tail chunk: LayerNorm_in of the chunk, tail ‖ dW_in.
+//   dgate over xhat_in, dy then db over xhat_in_bf   (x̂_in is read by the projection only; the
+//                                                     bf16 pair is not written)
+//   dx over logit, da over x then xhat_out             (dead after stages 1 and 2)
+//   per chunk: dlin over a_bf, b_bf and logit; x̂_in's fp16 copy and bf16 pair for the chunk's
+//   rows over xhat_out_bf                              (dead after stages 3 and 2)
+// plan_saved lays the spans out adjacently. The chunk is the most whole split-K chunks that both
+// fit. False (nothing changed) where a buffer would not fit or no chunk would.
 inline bool plan_recompute_overlays(const Dims& d, Workspace& w) {
-  const int64_t M = d.M(), cm = d.cm_elems(), dlin_row = d.dlin_cols() * 2;
-  const int64_t chunks = 2 * cm * 2 / dlin_row / w.split_in.chunk;  // dlin's chunks in a_bf, b_bf
-  if (!fused_norm_in(d) || !fused_norm_out(d) || chunks == 0) return false;
-  // dx in xhat_in, da in logit + x, db in xhat_out + xhat_out_bf (bytes; dy is xhat_in_bf's size)
-  if (cm * 2 > M * d.C * 2 || cm * 4 > M * d.C * 2 + cm * 2 || cm * 4 > 2 * M * d.Ch * 2) return false;
-  w.dx = w.xhat_in;
+  const int64_t M = d.M(), cm = d.cm_elems(), row_c = d.C * 2;  // bytes of an fp16 row of C
+  if (!fused_norm_in(d) || !fused_norm_out(d)) return false;
+  if (cm * 4 > M * 2 * row_c || cm * 2 > M * row_c || cm * 4 > cm * 2 + M * d.Ch * 2) return false;
+  const int64_t dlin_rows = (2 * cm * 2 + M * row_c) / (d.dlin_cols() * 2);
+  const int64_t xhat_rows = (M * d.Ch * 2 - 256) / (3 * row_c);  // 256: the second copy's alignment
+  const int64_t rows = std::min(M, std::max<int64_t>(0, std::min(dlin_rows, xhat_rows)) / w.split_in.chunk *
+                                       w.split_in.chunk);
+  if (rows == 0) return false;
+  w.dgate = w.xhat_in;
   w.dy = w.xhat_in_bf;
-  w.da = static_cast<float*>(w.logit);
-  w.db = static_cast<float*>(w.xhat_out);
+  w.db = static_cast<float*>(w.xhat_in_bf);
+  w.dx = w.logit;
+  w.da = static_cast<float*>(w.x);
   w.dxhat = nullptr;
   w.dlin = w.a_bf;
-  w.tail_rows = std::min(M, chunks * w.split_in.chunk);
-  w.remake_xhat_in = true;
+  w.tail_rows = rows;
+  w.tail_xhat = w.xhat_out_bf;
+  if (w.xhat_out_bf) w.tail_xhat_bf = static_cast<uint8_t*>(w.xhat_out_bf) + (rows * row_c + 255) / 256 * 256;
+  w.xhat_per_chunk = true;
   return true;
 }
 
@@ -221,9 +233,7 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   }
   w.split_in = wgrad_split(M, 2 * d.C, P);  // rows: xhat_in's high then low parts
   w.split_in_lo = w.split_in;  // xhat_in's high parts x dlin's a/b low parts, on the same chunks
-  if (!from_saved && plan_recompute_overlays(d, w)) {
-    w.dgate = a.take(M * d.C, 2);  // written by the output stage, before a_bf and b_bf are free
-  } else {
+  if (from_saved || !plan_recompute_overlays(d, w)) {
     // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
     // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
     // write da, and d xhat_in is written after the projection backward consumed da; dy's last
