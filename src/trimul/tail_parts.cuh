@@ -30,7 +30,7 @@ static_assert(TailTile::kConsumers == 2 && kRows == 64 * TailTile::kConsumers,
               "the shared-memory plan below holds two consumers' tiles of 64 rows");
 
 struct TailMaps {
-  CUtensorMap xhat;   // x̂_in [M][C] fp16, boxes of 64 channels x 64 pixels
+  CUtensorMap xhat;   // x̂_in [rows][C] fp16 (row 0: pixel xhat_row0), boxes of 64 channels x 64 pixels
   CUtensorMap wcat;   // folded weight [P][C] fp16, boxes of 64 channels x 128 rows
   CUtensorMap wraw;   // unfolded weight [P + 4Ch][C] bf16 (dlin's row order), boxes of 64 x 64
   CUtensorMap dgate;  // the gate columns' gradient [rows][C] bf16, boxes of 64 x 64
@@ -49,6 +49,7 @@ struct TailArgs {
   float* norm_part;       // [m-tiles][2C]: d gamma then d beta of each tile's rows
   int64_t r0, r1;         // the pixel rows of this launch (r0 on a row tile)
   int64_t dgate_row0;     // the pixel of the dgate map's row 0
+  int64_t xhat_row0;      // the pixel of the x̂ map's row 0
   int col_tiles;          // a/b column tiles: 4Ch / 128
 };
 
