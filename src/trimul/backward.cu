@@ -44,14 +44,20 @@ struct PixelRange {
 // G = dYᵀ X over the pixels of `px` (whole split-K chunks of `split`), as the fp32 partials of
 // those chunks (K = pixels: a long-K product); dY's and X's rows are y_ld and x_ld apart (their
 // first `rows` and `cols` columns are read), and their buffers start at pixel y_row0 / x_row0.
+// On the TMA loop with tiles spanning the wider output side (tile_config.h's Wgrad tiles), or on
+// the wgmma loop where TMA cannot reach an operand (a buffer that starts past pixel 0).
 cudaError_t weight_gradient(const void* dY, int64_t rows, int64_t y_ld, int64_t y_row0, const void* X, int64_t cols,
                             int64_t x_ld, int64_t x_row0, const WgradSplit& split, const PixelRange& px, float* part,
                             cudaStream_t s) {
   const Operand A{dY, y_ld, 0, px.r1, rows, y_row0}, B{X, x_ld, 0, px.r1, cols, x_row0};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
   const int64_t z0 = px.r0 / split.chunk, z1 = (px.r1 + split.chunk - 1) / split.chunk;
-  return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), px.r1, split.chunk, 0, z0},
-                                                  static_cast<int>(z1 - z0), epi, s);
+  const GemmShape shape{rows, static_cast<int>(cols), px.r1, split.chunk, 0, z0};
+  const int chunks = static_cast<int>(z1 - z0);
+  cudaError_t e = cudaSuccess;
+  const bool tma = rows > 128 ? launch_wgrad_tma<WgradWideTile, T>(A, B, shape, chunks, epi, s, &e)
+                              : launch_wgrad_tma<WgradNarrowTile, T>(A, B, shape, chunks, epi, s, &e);
+  return tma ? e : launch_long_k<T, Major::kMN, Major::kMN>(A, B, shape, chunks, epi, s);
 }
 
 // d xhat_in's product with LayerNorm_in's backward in its epilogue, into dz (Tdz) plus dz_in.
