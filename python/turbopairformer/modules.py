@@ -27,6 +27,18 @@ from .trimul import kernel_input, triangle_multiplicative_update
 from .trimul import residual_update as trimul_residual_update
 
 
+def _check_pair(module: nn.Module, name: str, x: torch.Tensor, channels: int, square: bool) -> None:
+    """A clear error for an input the module's weights cannot take: [*, N, N, channels] (or
+    [*, I, J, channels] where square is False), before any weight is reshaped or cast."""
+    square_ok = not square or (x.dim() >= 3 and x.shape[-3] == x.shape[-2])
+    if x.dim() < 3 or x.shape[-1] != channels or not square_ok:
+        want = f"[*, N, N, {channels}]" if square else f"[*, I, J, {channels}]"
+        raise ValueError(
+            f"turbopairformer.{type(module).__name__}: argument '{name}': expected {want} "
+            f"(the module's channels: {channels}), got {list(x.shape)}"
+        )
+
+
 class _GatedAttentionProjections(nn.Module):
     """The projections of OpenFold3's gated multi-head Attention (no biases on q, k, v)."""
 
@@ -91,6 +103,7 @@ class TriangleAttention(nn.Module):
         row shard of the pair tensor (turbopairformer.distributed), turns this shard's rows of
         the bias projection into all N rows; it is only valid with starting=True. residual:
         return x + scale * the layer's output (residual_update)."""
+        _check_pair(self, "x", x, self.c_in, square=False)
         lead = x.shape[:-3]
         x = x.reshape(-1, *x.shape[-3:])  # [B, I, J, C]
         B, I, J, _ = x.shape
@@ -198,6 +211,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
         self.layer_norm_out = nn.LayerNorm(c_hidden, eps=eps)
 
     def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        _check_pair(self, "z", z, self.c_z, square=True)
         lead = z.shape[:-3]
         z = z.reshape(-1, *z.shape[-3:])
         z = kernel_input(z)  # the CUDA kernels take bf16 pair tensors
@@ -213,6 +227,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
         """z + scale * self(z, mask) for z [B, N, N, c_z] (scale: None or broadcastable to z,
         e.g. a shared dropout mask) as one autograd node in eager mode, whose backward takes two
         passes around the kernels where the composed ops take four."""
+        _check_pair(self, "z", z, self.c_z, square=True)
         direction = "outgoing" if self.outgoing else "incoming"
         return trimul_residual_update(
             z,

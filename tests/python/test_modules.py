@@ -173,3 +173,21 @@ def test_fused_layer_on_gpu_is_as_accurate_as_the_composed_ops(starting, N, monk
         print(f"{name}: fused {ef:.2e} composed {ec:.2e}")
         assert ef <= 1.25 * ec + 2.0**-10, (name, ef, ec)  # no worse than the ops it replaces
         assert ef < 2e-2, (name, ef)
+
+
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: tpf.TriangleAttention(8, 8, 2), (1, 5, 5, 6)),  # channels
+        (lambda: tpf.TriangleAttention(8, 8, 2), (5, 8)),  # rank
+        (lambda: tpf.TriangleMultiplicativeUpdate(8, 8), (1, 5, 5, 6)),  # channels
+        (lambda: tpf.TriangleMultiplicativeUpdate(8, 8), (1, 5, 4, 8)),  # not square
+    ],
+)
+def test_modules_name_a_wrong_input_shape_and_their_channels(make, shape):
+    m = make()
+    with pytest.raises(ValueError, match=r"expected \[\*, .*8\] \(the module's channels: 8\)"):
+        m(torch.randn(*shape))
+    if isinstance(m, tpf.TriangleMultiplicativeUpdate):
+        with pytest.raises(ValueError, match="the module's channels: 8"):
+            m.residual_update(torch.randn(*shape))
