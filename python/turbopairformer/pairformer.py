@@ -48,6 +48,25 @@ def _dropout_scale(z: torch.Tensor, p: float, training: bool, dim: int):
     return F.dropout(z.new_ones(shape, dtype=_compute_dtype(z)), p, True)
 
 
+def _check_block_inputs(block: nn.Module, s, z, single_mask, pair_mask, c_s: int, c_z: int) -> None:
+    """A clear error where the block's inputs disagree with its widths or with each other:
+    s [B, N, c_s], z [B, N, N, c_z], single_mask [B, N], pair_mask [B, N, N]."""
+    B, N = (s.shape[0], s.shape[1]) if s.dim() == 3 else (None, None)
+    want = {
+        "s": (s, [B, N, c_s]),
+        "z": (z, [B, N, N, c_z]),
+        "single_mask": (single_mask, [B, N]),
+        "pair_mask": (pair_mask, [B, N, N]),
+    }
+    for name, (t, shape) in want.items():
+        if B is None or list(t.shape) != shape:
+            wanted = "[B, N, c_s]" if B is None else str(shape)
+            raise ValueError(
+                f"turbopairformer.{type(block).__name__}: argument '{name}': expected {wanted} "
+                f"(c_s = {c_s}, c_z = {c_z}), got {list(t.shape)}"
+            )
+
+
 class SwiGLUTransition(nn.Module):
     """OpenFold3's SwiGLUTransition (AF3 Algorithm 11): LayerNorm, silu(x Wa) * (x Wb), then the
     down projection, times the mask."""
@@ -169,10 +188,12 @@ class PairformerBlock(nn.Module):
         )
         self.attn_pair_bias = AttentionPairBias(c_s, c_z, c_hidden_pair_bias, no_heads_pair_bias)
         self.single_transition = SwiGLUTransition(c_s, transition_n)
+        self.c_s, self.c_z = c_s, c_z
 
     def forward(
         self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor, pair_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_block_inputs(self, s, z, single_mask, pair_mask, self.c_s, self.c_z)
         z = self.pair_stack(z, pair_mask)
         s = s + self.attn_pair_bias(s, z, single_mask)
         return s + self.single_transition(s, single_mask), z

@@ -283,3 +283,36 @@ def test_transition_saves_one_low_precision_copy_of_its_layer_norm_output():
     assert saved.count((torch.bfloat16, N * N * C)) == 1, saved
     assert saved.count((torch.bfloat16, N * N * 8 * C)) == 1, saved
     assert not [s for s in saved if s[1] == N * N * 4 * C], saved
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [
+        ("s", (1, 5, 15)),
+        ("z", (1, 5, 5, 7)),
+        ("z", (1, 6, 6, 8)),
+        ("single_mask", (1, 4)),
+        ("pair_mask", (1, 5, 4)),
+        ("s", (5, 16)),
+    ],
+)
+def test_block_names_the_input_that_disagrees(name, shape):
+    blk = tpf.PairformerBlock(
+        c_s=16,
+        c_z=8,
+        c_hidden_pair_bias=8,
+        no_heads_pair_bias=2,
+        c_hidden_mul=8,
+        c_hidden_pair_att=8,
+        no_heads_pair=2,
+    ).double()
+    args = {
+        "s": torch.randn(1, 5, 16),
+        "z": torch.randn(1, 5, 5, 8),
+        "single_mask": torch.ones(1, 5),
+        "pair_mask": torch.ones(1, 5, 5),
+    }
+    args = {k: v.double() for k, v in args.items()}
+    args[name] = torch.randn(*shape, dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"PairformerBlock: argument '{name}'.*c_s = 16, c_z = 8"):
+        blk(**args)
