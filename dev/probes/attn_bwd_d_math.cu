@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "probe_timing.cuh"
+
 #include "attention/backward_parts.cuh"
 #include "common/mma.cuh"
 #include "common/warp_roles.cuh"
@@ -191,19 +193,8 @@ float time_variant(int steps, float* out) {
   const int n = steps * (128 / BQ), blocks = 132;
   auto kernel = math_only<BQ, kDbiasRegs>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  kernel<<<blocks, kThreads, kBytes>>>(1, out);  // warm-up
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    cudaEventRecord(a);
-    kernel<<<blocks, kThreads, kBytes>>>(n, out);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, a, b);
-    best = ms < best ? ms : best;
-  }
+  const float best = probe::best_of_5_ms([&] { kernel<<<blocks, kThreads, kBytes>>>(1, out); },
+                                         [&] { kernel<<<blocks, kThreads, kBytes>>>(n, out); });
   std::printf("%3d-query steps, dbias %s: %d blocks x %d steps: %.3f ms (%s)\n", BQ,
               kDbiasRegs ? "in registers" : "not kept   ", blocks, n, best, cudaGetErrorString(cudaGetLastError()));
   return best;

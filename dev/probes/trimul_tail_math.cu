@@ -27,6 +27,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "probe_timing.cuh"
+
 #include "common/mma.cuh"
 #include "common/warp_roles.cuh"
 #include "common/wgmma.cuh"
@@ -192,19 +194,8 @@ template <bool kSums>
 void time_variant(int tiles, float* out) {
   auto kernel = tail_math<kSums>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  kernel<<<132, kThreads, kBytes>>>(1, out);  // warm-up
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    cudaEventRecord(a);
-    kernel<<<132, kThreads, kBytes>>>(tiles, out);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, a, b);
-    best = ms < best ? ms : best;
-  }
+  const float best = probe::best_of_5_ms([&] { kernel<<<132, kThreads, kBytes>>>(1, out); },
+                                         [&] { kernel<<<132, kThreads, kBytes>>>(tiles, out); });
   std::printf("fused tail math alone, column sums %s, 132 blocks x %d row tiles: %.3f ms (%s)\n",
               kSums ? "by shuffles" : "left out   ", tiles, best, cudaGetErrorString(cudaGetLastError()));
 }
