@@ -53,12 +53,18 @@ __device__ __forceinline__ const bf16* scale_row(const FwdArgs& a, int64_t r) {
   const int64_t j = r % n.J, i = (r / n.J) % n.I, b = r / (n.J * n.I);
   return static_cast<const bf16*>(a.scale.p) + b * a.scale.s[0] + i * a.scale.s[1] + j * a.scale.s[2];
 }
-// The scale of channels c, c + 1 of a row from scale_row (1 without a scale).
-__device__ __forceinline__ float2 scale_at(const bf16* row, const Scale& s, int c) {
-  if (!row) return make_float2(1.f, 1.f);
-  if (s.s[3] == 1) return load2(row + c);
-  const float v = __bfloat162float(*row);
-  return make_float2(v, v);
+// The scale of this thread's channels 8 i + 2 t, + 1 of a row from scale_row, as bf16 pairs (1
+// without a scale): per channel, or one value for the row.
+template <int kTiles>
+__device__ __forceinline__ void scales_at(__nv_bfloat162 (&sc)[kTiles], const bf16* row, const Scale& s, int col) {
+  if (row && s.s[3] == 1) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) sc[i] = *reinterpret_cast<const __nv_bfloat162*>(row + 8 * i + col);
+    return;
+  }
+  const __nv_bfloat162 v = row ? __bfloat162bfloat162(*row) : __floats2bfloat162_rn(1.f, 1.f);
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) sc[i] = v;
 }
 
 // W [N][K] as the K-major B tile [2 halves][128 n][64 k] (128B-swizzled). Coalesced reads of W;
@@ -100,9 +106,12 @@ __device__ __forceinline__ void project(float (&acc)[64], const uint32_t (&h)[kS
   dev::wgmma_fence_operands(acc);
 }
 
-// out = x + scale round(y) (or round(y)) from the accumulators, y = acc + bias.
+// out = x + scale round(y) (or round(y)) from the accumulators, y = acc + bias (the block's copy
+// in shared memory). x and the scale are read before the first store: out may be x itself, so
+// a global load after a store could not be hoisted above it (one L2 round trip each, in series).
 template <class Tout>
-__device__ __forceinline__ void store_out(const float (&acc)[64], const FwdArgs& a, int64_t m0, const Frag& f) {
+__device__ __forceinline__ void store_out(const float (&acc)[64], const FwdArgs& a, const float* bias, int64_t m0,
+                                          const Frag& f) {
   const int64_t rows = row_count(a.shape);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -111,17 +120,19 @@ __device__ __forceinline__ void store_out(const float (&acc)[64], const FwdArgs&
     const bf16* s = a.x ? scale_row(a, r) : nullptr;
     const Tout* x = a.x ? static_cast<const Tout*>(a.x) + r * kN + f.col : nullptr;  // [N] row r
     Tout* out = static_cast<Tout*>(a.out) + r * kN + f.col;
-    float2 xv[kTiles8];  // x at the tile's columns 8 i + 2 t, + 1, loaded first: one latency
+    float2 xv[kTiles8];          // x at the tile's columns 8 i + 2 t, + 1
+    __nv_bfloat162 sc[kTiles8];  // the scale there
 #pragma unroll
     for (int i = 0; i < kTiles8; ++i) xv[i] = x ? load2(x + 8 * i) : make_float2(0.f, 0.f);
+    scales_at(sc, s, a.scale, f.col);
 #pragma unroll
     for (int i = 0; i < kTiles8; ++i) {
       const int n = 8 * i + f.col;
-      const float2 b = a.bias ? load2(a.bias + n) : make_float2(0.f, 0.f);
+      const float2 b = a.bias ? *reinterpret_cast<const float2*>(bias + n) : make_float2(0.f, 0.f);
       float y0 = round_bf16(acc[4 * i + 2 * rr] + b.x), y1 = round_bf16(acc[4 * i + 2 * rr + 1] + b.y);
       if (x) {
-        const float2 sc = scale_at(s, a.scale, n);
-        y0 = xv[i].x + sc.x * y0, y1 = xv[i].y + sc.y * y1;
+        const float2 scf = __bfloat1622float2(sc[i]);
+        y0 = xv[i].x + scf.x * y0, y1 = xv[i].y + scf.y * y1;
       }
       store2(out + 8 * i, y0, y1);
     }
@@ -131,7 +142,9 @@ __device__ __forceinline__ void store_out(const float (&acc)[64], const FwdArgs&
 template <class Tout>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) forward_kernel(FwdArgs a) {
   __shared__ __align__(1024) bf16 w_tile[kN * kK];  // B(n, k) = W[n][k], [2 halves][128][64]
-  load_weight(w_tile, a.w);
+  __shared__ __align__(8) float bias[kN];           // the bias, fp32 (zeros without one)
+  for (int n = threadIdx.x; n < kN; n += kThreads) bias[n] = a.bias ? __bfloat162float(a.bias[n]) : 0.f;
+  load_weight(w_tile, a.w);  // (its barrier publishes the bias too)
   const Frag f;
   const int64_t rows = row_count(a.shape);
   for (int64_t m0 = int64_t(blockIdx.x) * kTileRows; m0 < rows; m0 += int64_t(gridDim.x) * kTileRows) {
@@ -139,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) forward_kernel(FwdArgs
     gated_fragments(h, a, m0, f);
     float acc[64];  // y - bias at the accumulator positions
     project(acc, h, dev::smem_addr(w_tile));
-    store_out<Tout>(acc, a, m0, f);
+    store_out<Tout>(acc, a, bias, m0, f);
   }
 }
 

@@ -44,20 +44,21 @@ struct PixelRange {
 // G = dYᵀ X over the pixels of `px` (whole split-K chunks of `split`), as the fp32 partials of
 // those chunks (K = pixels: a long-K product); dY's and X's rows are y_ld and x_ld apart (their
 // first `rows` and `cols` columns are read), and their buffers start at pixel y_row0 / x_row0.
+// On the TMA loop with tiles spanning the wider output side (tile_config.h's Wgrad tiles), or on
+// the wgmma loop where TMA cannot reach an operand (a buffer that starts past pixel 0).
 cudaError_t weight_gradient(const void* dY, int64_t rows, int64_t y_ld, int64_t y_row0, const void* X, int64_t cols,
                             int64_t x_ld, int64_t x_row0, const WgradSplit& split, const PixelRange& px, float* part,
                             cudaStream_t s) {
   const Operand A{dY, y_ld, 0, px.r1, rows, y_row0}, B{X, x_ld, 0, px.r1, cols, x_row0};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
   const int64_t z0 = px.r0 / split.chunk, z1 = (px.r1 + split.chunk - 1) / split.chunk;
-  return launch_long_k<T, Major::kMN, Major::kMN>(A, B, {rows, static_cast<int>(cols), px.r1, split.chunk, 0, z0},
-                                                  static_cast<int>(z1 - z0), epi, s);
+  const GemmShape shape{rows, static_cast<int>(cols), px.r1, split.chunk, 0, z0};
+  const int chunks = static_cast<int>(z1 - z0);
+  cudaError_t e = cudaSuccess;
+  const bool tma = rows > 128 ? launch_wgrad_tma<WgradWideTile, T>(A, B, shape, chunks, epi, s, &e)
+                              : launch_wgrad_tma<WgradNarrowTile, T>(A, B, shape, chunks, epi, s, &e);
+  return tma ? e : launch_long_k<T, Major::kMN, Major::kMN>(A, B, shape, chunks, epi, s);
 }
-
-// The LayerNorm backward runs in the d xhat product's epilogue when one tile holds whole rows;
-// the channel-major one also needs 8-pixel groups that stay inside a matrix row.
-bool fused_norm_in(const Dims& d) { return d.C <= Cfg::kBlockN; }
-bool fused_norm_out(const Dims& d) { return d.Ch <= Cfg::kBlockN && d.N % 8 == 0; }
 
 // d xhat_in's product with LayerNorm_in's backward in its epilogue, into dz (Tdz) plus dz_in.
 template <class Tdz>
@@ -74,7 +75,8 @@ cudaError_t project_backward(const Problem& p, const Workspace& ws, const PixelR
   const Dims& d = p.d;
   const ProjectBackwardEpilogue<T> pb{d, ws.bcat, p.mask, ws.da, ws.db, static_cast<T*>(ws.dlin), ws.colsum_lin,
                                       px.r0};
-  return launch_gemm<__half, Major::kK, Major::kK>(pixel_rows(ws.xhat_in, d, d.C), weight_rows(ws.wcat, 4 * d.Ch, d.C),
+  const Operand xhat{ws.xhat_in, d.C, 0, px.r1, d.C, ws.xhat_row0};
+  return launch_gemm<__half, Major::kK, Major::kK>(xhat, weight_rows(ws.wcat, 4 * d.Ch, d.C),
                                                    {px.r1, static_cast<int>(4 * d.Ch), d.C, 0, px.r0}, 1, pb, s);
 }
 
@@ -118,9 +120,9 @@ cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRang
   // two), and xhat_in's high rows against dlin's a/b low parts: neither xhat_in's nor dlin's
   // bf16 rounding reaches the input-side weight gradients (the low x low product is below both).
   const T* dlin = static_cast<const T*>(ws.dlin);
-  if ((e = weight_gradient(ws.xhat_in_bf, 2 * d.C, 2 * d.C, 0, dlin, P, PL, px.r0, ws.split_in, px, ws.part_in,
-                           fork.side())) != cudaSuccess ||
-      (e = weight_gradient(ws.xhat_in_bf, d.C, 2 * d.C, 0, dlin + P, 4 * d.Ch, PL, px.r0, ws.split_in_lo, px,
+  if ((e = weight_gradient(ws.xhat_in_bf, 2 * d.C, 2 * d.C, ws.xhat_row0, dlin, P, PL, px.r0, ws.split_in, px,
+                           ws.part_in, fork.side())) != cudaSuccess ||
+      (e = weight_gradient(ws.xhat_in_bf, d.C, 2 * d.C, ws.xhat_row0, dlin + P, 4 * d.Ch, PL, px.r0, ws.split_in_lo, px,
                            ws.part_in_lo, s)) != cudaSuccess)
     return e;
   return fork.join();
@@ -169,8 +171,19 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
   if ((e = fork.begin()) != cudaSuccess || (e = triangle_backward(p, ws, s, fork.side())) != cudaSuccess ||
       (e = fork.join()) != cudaSuccess)
     return e;
-  for (int64_t r0 = 0; r0 < M; r0 += ws.tail_rows)
-    if ((e = backward_tail(p, ws, {r0, std::min(M, r0 + ws.tail_rows)}, s)) != cudaSuccess) return e;
+  for (int64_t r0 = 0; r0 < M; r0 += ws.tail_rows) {
+    const PixelRange px{r0, std::min(M, r0 + ws.tail_rows)};
+    if (!ws.xhat_per_chunk) {
+      if ((e = backward_tail(p, ws, px, s)) != cudaSuccess) return e;
+      continue;
+    }
+    // the recomputing backward's overlays (workspace.h): x̂_in's copies of the chunk's rows
+    Workspace chunk = ws;
+    chunk.xhat_in = ws.tail_xhat, chunk.xhat_in_bf = ws.tail_xhat_bf, chunk.xhat_row0 = px.r0;
+    if ((e = ln_rows_forward(p, chunk.xhat_in, chunk.xhat_in_bf, nullptr, nullptr, s, px.r0, px.r1)) != cudaSuccess ||
+        (e = backward_tail(p, chunk, px, s)) != cudaSuccess)
+      return e;
+  }
   if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess ||
       (e = sum_partials(ws.part_in_lo, d.C * 4 * d.Ch, ws.split_in_lo.parts, ws.g_in_lo, s)) != cudaSuccess)
     return e;

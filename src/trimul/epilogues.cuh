@@ -160,6 +160,7 @@ struct ProjectTmaEpilogue : ProjectOutputs<T> {
   static constexpr int kBlockN = ProjectTile::kBlockN, kStages = ProjectTile::kStages;
   static constexpr int kConsumers = ProjectTile::kConsumers, kProducerRegs = ProjectTile::kProducerRegs,
                        kConsumerRegs = ProjectTile::kConsumerRegs;
+  static constexpr bool kSplitK = false;
   static constexpr int kTileBytes = 64 * 64 * 2;            // [64 channels][64 pixels], 16-bit
   static constexpr int kBufBytes = 2 * kTileBytes + 8 * 8;  // T's tile, the bf16 copy's, 8 chunk offsets
   static constexpr int kBiasBytes = (4 * 256 + 256) * 4;    // the biases, 4Ch + C <= 1280

@@ -13,8 +13,10 @@
 //   MN-major [64 k][rows]: boxes of [64 k][64 mn], 8 KB apart (the descriptors' LBO).
 //
 // An epilogue Epi defines kBlockN, kStages, kConsumers, kProducerRegs and kConsumerRegs (its
-// tile table row, tile_config.h; tiles are 64 kConsumers rows), kSmemBytes (its shared memory
-// after the stages, 1024-byte aligned), and
+// tile table row, tile_config.h; tiles are 64 kConsumers rows), kSplitK (the batches are split-K
+// chunks of one product's K rather than matrices: chunk z of the shape's k_chunk rows from
+// z_begin, the epilogue told its chunk), kSmemBytes (its shared memory after the stages,
+// 1024-byte aligned), and
 //   start(smem, cw)                                 once per consumer warpgroup, before its first tile
 //   tile(smem, acc, cw, m0, n0, z, k)               the warpgroup's rows of its k-th tile
 //   finish(cw)                                      after its last tile
@@ -22,6 +24,8 @@
 // barriers 1 + cw are the warpgroups' own, kConsumers + 1 spans them all.
 #pragma once
 #include <cuda.h>
+
+#include <type_traits>
 
 #include "common/tma.cuh"
 #include "common/tma.h"
@@ -95,7 +99,26 @@ struct TmaTiles {
     m0 = (r / n_tiles) * kBM;
     n0 = static_cast<int>(r % n_tiles) * kBN;
   }
+  static constexpr bool kSplit = false;  // batch z: matrix z, from K row 0
 };
+
+// Split-K (Epi::kSplitK): a batch is chunk z_begin + z of one product's K, whose rows start at
+// (z_begin + z) k_chunk of the one matrix the maps hold (rows past K read as zero); the epilogue
+// is told the chunk.
+template <int kBM, int kBN>
+struct TmaSplitTiles : TmaTiles<kBM, kBN> {
+  int64_t k_chunk, z_begin;
+  __device__ TmaSplitTiles(const GemmShape& s, int batches)
+      : TmaTiles<kBM, kBN>(s, batches), k_chunk(s.k_chunk), z_begin(s.z_begin) {
+    this->nk = static_cast<int>((s.k_chunk + TCfg::kBlockK - 1) / TCfg::kBlockK);
+  }
+  static constexpr bool kSplit = true;
+  __device__ int64_t k_first(int z) const { return (z_begin + z) * k_chunk; }  // the chunk's first K row
+  __device__ int out_batch(int z) const { return static_cast<int>(z_begin + z); }
+};
+template <class Epi>
+using TilesOf = std::conditional_t<Epi::kSplitK, TmaSplitTiles<kTmaBlockM<Epi>, Epi::kBlockN>,
+                                   TmaTiles<kTmaBlockM<Epi>, Epi::kBlockN>>;
 
 // The ring of stages and its two barriers per stage: full (the producer's copies landed) and
 // empty (every consumer warp's wgmma that read it completed).
@@ -126,9 +149,8 @@ __device__ __forceinline__ void copy_operand(uint32_t dst, const CUtensorMap* ma
 
 // The producer (one thread): every tile's k-steps, in the consumers' order, each into the next
 // stage of the ring once the consumers have released it.
-template <Major AM, Major BMJ, int kBM, int kBN, int kStages>
-__device__ void produce(const TmaOperands& maps, const TmaRing<kBM, kBN, kStages>& ring,
-                        const TmaTiles<kBM, kBN>& tiles) {
+template <Major AM, Major BMJ, int kBM, int kBN, int kStages, class Tiles>
+__device__ void produce(const TmaOperands& maps, const TmaRing<kBM, kBN, kStages>& ring, const Tiles& tiles) {
   int it = 0;  // k-steps issued so far: stage it % kStages, pass it / kStages
   for (int64_t t = blockIdx.x; t < tiles.total; t += gridDim.x) {
     int64_t m0;
@@ -139,8 +161,13 @@ __device__ void produce(const TmaOperands& maps, const TmaRing<kBM, kBN, kStages
       dev::mbar_wait(ring.empty(st), ((it / kStages) & 1) ^ 1);  // a fresh barrier's "previous" phase
       dev::mbar_arrive_expect_tx(ring.full(st), ring.kStageBytes);  // boxes past the extents count, zero-filled
       const int64_t k0 = int64_t{kt} * TCfg::kBlockK;
-      copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), kBM, m0, k0, z);
-      copy_operand<BMJ>(ring.b(st), &maps.b, ring.full(st), kBN, n0, k0, z);
+      if constexpr (Tiles::kSplit) {
+        copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), kBM, m0, tiles.k_first(z) + k0, 0);
+        copy_operand<BMJ>(ring.b(st), &maps.b, ring.full(st), kBN, n0, tiles.k_first(z) + k0, 0);
+      } else {
+        copy_operand<AM>(ring.a(st), &maps.a, ring.full(st), kBM, m0, k0, z);
+        copy_operand<BMJ>(ring.b(st), &maps.b, ring.full(st), kBN, n0, k0, z);
+      }
     }
   }
 }
@@ -148,9 +175,8 @@ __device__ void produce(const TmaOperands& maps, const TmaRing<kBM, kBN, kStages
 // Consumer warpgroup cw (rows 64 cw of each tile): per tile, the k-steps' wgmma into acc (its
 // 128-column parts), then the epilogue.
 template <class T, Major AM, Major BMJ, class Epi>
-__device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStages>& ring,
-                        const TmaTiles<kTmaBlockM<Epi>, Epi::kBlockN>& tiles, const Epi& epi, uint8_t* esmem,
-                        int cw) {
+__device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStages>& ring, const TilesOf<Epi>& tiles,
+                        const Epi& epi, uint8_t* esmem, int cw) {
   constexpr int kParts = Epi::kBlockN / 128;
   const int lane = threadIdx.x & 31;
   int it = 0, k = 0;
@@ -182,7 +208,8 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
 #pragma unroll
     for (int h = 0; h < kParts; ++h) dev::wgmma_fence_operands(acc[h]);
     if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
-    epi.tile(esmem, acc, cw, m0, n0, z, k);
+    if constexpr (Epi::kSplitK) epi.tile(esmem, acc, cw, m0, n0, tiles.out_batch(z), k);
+    else epi.tile(esmem, acc, cw, m0, n0, z, k);
   }
   epi.finish(cw);
 }
@@ -213,7 +240,7 @@ __global__ void __launch_bounds__(kTmaThreads<Epi>, 1)
   const uint32_t raw = dev::smem_addr(smem_raw), pad = (1024 - (raw & 1023)) & 1023, base = raw + pad;
   uint8_t* esmem = smem_raw + pad + Epi::kStages * Ring::kStageBytes;  // the epilogue's, 1024-byte aligned
   const Ring ring{base, base + Epi::kStages * Ring::kStageBytes + Epi::kSmemBytes};
-  const detail::TmaTiles<kTmaBlockM<Epi>, Epi::kBlockN> tiles(s, batches);
+  const detail::TilesOf<Epi> tiles(s, batches);
   if (threadIdx.x == 0) {
     for (int st = 0; st < Epi::kStages; ++st) {
       dev::mbar_init(ring.full(st), 1);
@@ -249,15 +276,17 @@ cudaError_t launch_tma_loop(const TmaOperands& maps, const GemmShape& s, int bat
   return cudaGetLastError();
 }
 
-// The triangle products' epilogue: each consumer warpgroup writes its 64 rows box by box (128
-// bytes of columns) into two shared slots in the 128-byte swizzle, in turn, and one thread hands
-// each to a TMA store; a slot is rewritten once its previous copy has read it. (Stores straight
-// from registers, 4-byte pieces of eight rows an instruction, took 40% of the product's time.)
-template <class OutT>
+// The triangle products' and the weight gradients' epilogue (Tile: their row of tile_config.h):
+// each consumer warpgroup writes its 64 rows box by box (128 bytes of columns) into two shared
+// slots in the 128-byte swizzle, in turn, and one thread hands each to a TMA store; a slot is
+// rewritten once its previous copy has read it. (Stores straight from registers, 4-byte pieces
+// of eight rows an instruction, took 40% of the product's time.)
+template <class OutT, class Tile = ProductTile>
 struct TmaStoreEpilogue {
-  static constexpr int kBlockN = ProductTile::kBlockN, kStages = ProductTile::kStages;
-  static constexpr int kConsumers = ProductTile::kConsumers, kProducerRegs = ProductTile::kProducerRegs,
-                       kConsumerRegs = ProductTile::kConsumerRegs;
+  static constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  static constexpr int kConsumers = Tile::kConsumers, kProducerRegs = Tile::kProducerRegs,
+                       kConsumerRegs = Tile::kConsumerRegs;
+  static constexpr bool kSplitK = Tile::kSplitK;
   static constexpr int kSlotBytes = 64 * 128;  // one box: 64 rows of 128 bytes
   static constexpr int kSmemBytes = 2 * kConsumers * kSlotBytes;
   static constexpr int kCols = 128 / sizeof(OutT);  // a box's columns: 64 16-bit or 32 fp32
@@ -322,6 +351,27 @@ cudaError_t launch_product(const Operand& A, const Operand& B, const GemmShape& 
                                        sizeof(OutT), 64, batches);
   if (!tma) return launch_gemm_wgmma<T, AM, BMJ>(A, B, s, batches, out, stream);
   return launch_tma_loop<T, AM, BMJ>(maps, s, batches, epi, stream);
+}
+
+// The split-K partials of a long-K product G_z = A_zᵀ B_z (K = pixels in chunks of
+// s.k_chunk rows, chunks z_begin .. z_begin + batches; both operands MN-major: [K][rows] and
+// [K][cols]) into out's [chunk][rows][cols] fp32, on the TMA loop with Tile's tiles; false where
+// TMA cannot reach an operand (a row offset, an unaligned stride), for the caller's fallback.
+template <class Tile, class T>
+bool launch_wgrad_tma(const Operand& A, const Operand& B, const GemmShape& s, int batches,
+                      const StoreEpilogue<float>& out, cudaStream_t stream, cudaError_t* err) {
+  using Epi = TmaStoreEpilogue<float, Tile>;
+  static_assert(Tile::kSplitK, "a weight-gradient tile splits K");
+  TmaOperands maps{};
+  Epi epi{};
+  const int64_t chunks = s.z_begin + batches;  // the partials' batches the map must reach
+  if (out.col_scale.ptr != nullptr || s.m_begin != 0 ||
+      !encode_tma_operands<T, Major::kMN, Major::kMN>(&maps, A, B, kTmaBlockM<Epi>, Tile::kBlockN, 1) ||
+      !encode_tma_matrices(&epi.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols,
+                           CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 64, static_cast<int>(chunks)))
+    return false;
+  *err = launch_tma_loop<T, Major::kMN, Major::kMN>(maps, s, batches, epi, stream);
+  return true;
 }
 
 }  // namespace tpf::trimul

@@ -52,9 +52,10 @@ cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, fl
                          void* wcat_raw, void* wz_raw, cudaStream_t s);
 // LayerNorm statistics and the normalised rows (no affine: it is folded into the weights), in
 // fp16 and optionally also bf16 (xhat_bf: the weight-gradient operand; for the rows, z's
-// LayerNorm, as a high/low pair [M][2C]); mean/rstd optional.
+// LayerNorm, as a high/low pair [M][2C]); mean/rstd optional. Pixels [r0, r1) (r1 < 0: M), their
+// rows in xhat and xhat_bf from row 0 (mean and rstd stay indexed by pixel).
 cudaError_t ln_rows_forward(const Problem& p, void* xhat, void* xhat_bf, float* mean,
-                            float* rstd, cudaStream_t s);
+                            float* rstd, cudaStream_t s, int64_t r0 = 0, int64_t r1 = -1);
 cudaError_t ln_channel_major_forward(const Problem& p, const void* x, void* xhat, void* xhat_bf,
                                      float* mean, float* rstd, cudaStream_t s);
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = d xhat (bf16 [M][W]).

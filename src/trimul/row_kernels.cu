@@ -72,19 +72,19 @@ __device__ __forceinline__ void normalize_row(const Slot& sl, const float (&v)[k
 // enough blocks resident for these bandwidth-bound kernels to have their loads in flight.
 template <int kU>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    ln_rows_forward_kernel(PairRef z, Dims d, float eps, __half* xhat, __nv_bfloat16* xhat_bf,
-                           float* mean, float* rstd) {
+    ln_rows_forward_kernel(PairRef z, Dims d, float eps, int64_t r0, int64_t r1, __half* xhat,
+                           __nv_bfloat16* xhat_bf, float* mean, float* rstd) {
   const Slot sl;
-  const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock + sl.row;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + sl.row, m = r0 + row;  // output row, pixel
   const int W = static_cast<int>(d.C);
-  const bool in = m < d.M();
+  const bool in = m < r1;
   const auto* src = static_cast<const __nv_bfloat16*>(z.ptr) + (in ? pair_offset(z, m, d.N) : 0);
   const bool vec = aligned8(src);  // a strided view may leave rows unaligned
   float v[4 * kU] = {};  // [4u + e] channel sl.channel(u) + e
 #pragma unroll
   for (int u = 0; u < kU; ++u)
     if (in && u < W / 32) load4(v + 4 * u, src + sl.channel(u), vec);
-  normalize_row<true>(sl, v, W, eps, m, in, xhat, xhat_bf, mean, rstd);
+  normalize_row<true>(sl, v, W, eps, row, in, xhat, xhat_bf, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr);
 }
 
 // dz (Tdz) = the row's LayerNorm backward, plus dz_in where given (read first: it may be dz).
@@ -253,10 +253,13 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 }  // namespace
 
 cudaError_t ln_rows_forward(const Problem& p, void* xhat, void* xhat_bf, float* mean,
-                            float* rstd, cudaStream_t s) {
+                            float* rstd, cudaStream_t s, int64_t r0, int64_t r1) {
+  if (r1 < 0) r1 = p.d.M();
+  if (r1 <= r0) return cudaSuccess;
   auto* kernel = p.d.C <= 128 ? ln_rows_forward_kernel<4> : ln_rows_forward_kernel<kUnits>;
-  kernel<<<row_blocks(p.d), kRowWarps * 32, 0, s>>>(p.z, p.d, p.eps, static_cast<__half*>(xhat),
-                                                    static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
+  const auto blocks = static_cast<unsigned>((r1 - r0 + kRowsPerBlock - 1) / kRowsPerBlock);
+  kernel<<<blocks, kRowWarps * 32, 0, s>>>(p.z, p.d, p.eps, r0, r1, static_cast<__half*>(xhat),
+                                           static_cast<__nv_bfloat16*>(xhat_bf), mean, rstd);
   return cudaGetLastError();
 }
 

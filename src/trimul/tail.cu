@@ -83,8 +83,9 @@ __device__ __forceinline__ void consume(const TailMaps& maps, const TailArgs& a,
   const int NT = a.col_tiles;
   uint32_t uses_c = 0, uses_r = 0, uses_x = 0, uses_g = 0;
   int64_t t = blockIdx.x;
+  auto xhat_row = [&](int64_t tile) { return a.r0 + kRows * tile + 64 * c - a.xhat_row0; };  // the map's row
   if (t < tiles) {
-    if (leader) load_rows(&maps.xhat, s.xhat(c), s.xhat_full(c), a.r0 + kRows * t + 64 * c);
+    if (leader) load_rows(&maps.xhat, s.xhat(c), s.xhat_full(c), xhat_row(t));
     load_da(a, s.da(0, c), 0, a.r0 + kRows * t + 64 * c);
   }
   dev::cp_async_commit();
@@ -113,7 +114,7 @@ __device__ __forceinline__ void consume(const TailMaps& maps, const TailArgs& a,
       dev::cp_async_wait<1>();
       if (leader) dev::bulk_wait_read<0>();  // the previous column tile's dlin store has read its tiles
       dev::bar_sync(1 + c, 128);  // da landed for every thread; x̂'s last reader done
-      if (nt + 1 == NT && next < tiles && leader) load_rows(&maps.xhat, s.xhat(c), s.xhat_full(c), a.r0 + kRows * next + 64 * c);
+      if (nt + 1 == NT && next < tiles && leader) load_rows(&maps.xhat, s.xhat(c), s.xhat_full(c), xhat_row(next));
       float sums[32] = {};
       dlin_epilogue(pg, s, c, s.da(nt & 1, c), mk, sums);
 #pragma unroll
@@ -203,7 +204,7 @@ cudaError_t fused_tail(const Problem& p, const Workspace& ws, int64_t r0, int64_
   const void* dgate = ws.dgate ? ws.dgate : static_cast<const void*>(dlin + 4 * d.Ch);
   const int64_t dg_ld = ws.dgate ? d.C : PL, dg_rows = ws.dgate ? d.M() : r1 - r0, dg_row0 = ws.dgate ? 0 : r0;
   tail::TailMaps maps{};
-  if (!tail::matrix_map(&maps.xhat, ws.xhat_in, d.C, d.M(), d.C, true, 64) ||
+  if (!tail::matrix_map(&maps.xhat, ws.xhat_in, d.C, r1 - ws.xhat_row0, d.C, true, 64) ||
       !tail::matrix_map(&maps.wcat, ws.wcat, d.C, P, d.C, true, 128) ||
       !tail::matrix_map(&maps.wraw, ws.wcat_raw, d.C, PL, d.C, false, 64) ||
       !tail::matrix_map(&maps.dgate, dgate, dg_ld, dg_rows, d.C, false, 64) ||
@@ -213,7 +214,7 @@ cudaError_t fused_tail(const Problem& p, const Workspace& ws, int64_t r0, int64_
   a.d = d, a.bcat = ws.bcat, a.mask = p.mask, a.da = ws.da, a.db = ws.db;
   a.colsum_lin = ws.colsum_lin, a.gamma = p.w.w[kNormInW], a.mean = ws.mean_in, a.rstd = ws.rstd_in;
   a.z = p.z, a.dz = p.dz, a.dz_in = p.dz_in, a.norm_part = ws.norm_in_part;
-  a.r0 = r0, a.r1 = r1, a.dgate_row0 = dg_row0, a.col_tiles = static_cast<int>(4 * d.Ch / 128);
+  a.r0 = r0, a.r1 = r1, a.dgate_row0 = dg_row0, a.xhat_row0 = ws.xhat_row0, a.col_tiles = static_cast<int>(4 * d.Ch / 128);
   return p.dz_f32 ? tail::launch<float>(maps, a, s) : tail::launch<__nv_bfloat16>(maps, a, s);
 }
 

@@ -30,7 +30,7 @@ static_assert(TailTile::kConsumers == 2 && kRows == 64 * TailTile::kConsumers,
               "the shared-memory plan below holds two consumers' tiles of 64 rows");
 
 struct TailMaps {
-  CUtensorMap xhat;   // x̂_in [M][C] fp16, boxes of 64 channels x 64 pixels
+  CUtensorMap xhat;   // x̂_in [rows][C] fp16 (row 0: pixel xhat_row0), boxes of 64 channels x 64 pixels
   CUtensorMap wcat;   // folded weight [P][C] fp16, boxes of 64 channels x 128 rows
   CUtensorMap wraw;   // unfolded weight [P + 4Ch][C] bf16 (dlin's row order), boxes of 64 x 64
   CUtensorMap dgate;  // the gate columns' gradient [rows][C] bf16, boxes of 64 x 64
@@ -49,6 +49,7 @@ struct TailArgs {
   float* norm_part;       // [m-tiles][2C]: d gamma then d beta of each tile's rows
   int64_t r0, r1;         // the pixel rows of this launch (r0 on a row tile)
   int64_t dgate_row0;     // the pixel of the dgate map's row 0
+  int64_t xhat_row0;      // the pixel of the x̂ map's row 0
   int col_tiles;          // a/b column tiles: 4Ch / 128
 };
 
@@ -292,6 +293,19 @@ __device__ __forceinline__ void norm_backward(const TailArgs& a, const float (&d
     const int64_t m = mw + 16 * w + g + 8 * h;
     const bool in = m < a.r1;
     const float mu = nr.mu[h], rs = nr.rs[h];
+    // dz_in at the row's channels 8i + 2t, + 1, read in batches ahead of their dz stores: dz may
+    // be dz_in itself, so a load after a store cannot be hoisted above it (one L2 round trip
+    // each, in series). The first batch is read here, under the row statistics' work. Four a
+    // batch: eight left the consumer's 232 registers short (4 bytes of spills).
+    constexpr int kBatch = 4;
+    static_assert(16 % kBatch == 0, "whole batches of the row's 16 pairs");
+    const Tdz* add = a.dz_in.ptr && in ? static_cast<const Tdz*>(a.dz_in.ptr) + pair_offset(a.dz_in, m, a.d.N) : nullptr;
+    float2 r[kBatch];
+    auto read_batch = [&](int i0) {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) r[i] = add ? load2(add + 8 * (i0 + i) + 2 * t) : make_float2(0.f, 0.f);
+    };
+    read_batch(0);
     auto xhat = [&](int i, int e) {
       const float2 zf = dev::pair_to_float2<bf16>(nr.z[h][i]);
       return ((e ? zf.y : zf.x) - mu) * rs;
@@ -311,17 +325,14 @@ __device__ __forceinline__ void norm_backward(const TailArgs& a, const float (&d
     const float mg = s1 / 128.f, mgx = s2 / 128.f;
     if (!in) continue;
     Tdz* dst = static_cast<Tdz*>(a.dz.ptr) + pair_offset(a.dz, m, a.d.N);
-    const Tdz* add = a.dz_in.ptr ? static_cast<const Tdz*>(a.dz_in.ptr) + pair_offset(a.dz_in, m, a.d.N) : nullptr;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
+      if (i > 0 && i % kBatch == 0) read_batch(i);
       const int col = 8 * i + 2 * t;
       float o[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) o[e] = rs * (dx[4 * i + 2 * h + e] * gamma[col + e] - mg - xhat(i, e) * mgx);
-      if (add) {
-        const float2 r = load2(add + col);
-        o[0] += r.x, o[1] += r.y;
-      }
+      if (add) o[0] += r[i % kBatch].x, o[1] += r[i % kBatch].y;
       store2(dst + col, o[0], o[1]);
     }
   }

@@ -45,6 +45,22 @@ struct TmaLoopConfig {
 // quarter, and four stages keep three k-steps in flight.
 struct ProductTile {
   static constexpr int kBlockN = 256, kStages = 4, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr bool kSplitK = false;
+};
+// The weight gradients on the TMA loop (K = pixels in split-K chunks, both operands MN-major):
+// their products are L2-bound on 128 x 128 tiles (each chunk's operand rows read once per tile
+// they meet: ~7 KB a pixel for dW_in's two at C = Ch = 128), so the tiles span the whole of the
+// wider output side. Wide: 256 x 128 (2C = 256 rows of dW_inᵀ's high/low product and dWz), four
+// consumers as the projection's (24 x 128 + 112 x 512 registers), three 48 KB stages beside the
+// four consumers' store slots; narrow: 128 x 256 (the C = 128 rows of the low-part product), the
+// products' shape.
+struct WgradWideTile {
+  static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
+  static constexpr bool kSplitK = true;
+};
+struct WgradNarrowTile {
+  static constexpr int kBlockN = 256, kStages = 4, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr bool kSplitK = true;
 };
 // The input projection (K = C, two k-steps): 256 x 128 tiles (64 channels' both logits, or 128
 // output-gate channels), three 48 KB stages, four consumers: its a/b epilogue (two MUFU a value,

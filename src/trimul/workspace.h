@@ -27,11 +27,17 @@ inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
   return {chunk, (M + chunk - 1) / chunk};
 }
 
+// Where the LayerNorm backwards run in their products' epilogues (backward.cu): one tile holds a
+// whole row, and (channel-major) 8-pixel groups stay inside a matrix row. Both: no fp32 d x̂
+// buffer.
+inline bool fused_norm_in(const Dims& d) { return d.C <= GemmConfig::kBlockN; }
+inline bool fused_norm_out(const Dims& d) { return d.Ch <= GemmConfig::kBlockN && d.N % 8 == 0; }
+
 // Pixel rows of one chunk of the low-memory backward's tail (kTailChunks, whole split-K chunks
 // of dW_in), or M: one chunk. The tail is chunked where LayerNorm_in's backward runs in the
 // d xhat_in product's epilogue (C <= one tile), since the row kernel's fp32 d xhat aliases da.
 inline int64_t tail_rows(const Dims& d, const WgradSplit& split_in) {
-  if (d.C > GemmConfig::kBlockN) return d.M();
+  if (!fused_norm_in(d)) return d.M();
   const int64_t per = (split_in.parts + kTailChunks - 1) / kTailChunks;
   return std::min(d.M(), per * split_in.chunk);
 }
@@ -69,6 +75,13 @@ struct Workspace {
   // [M][C]: the gate columns for every pixel, when dlin holds a chunk of the tail (else null)
   void *dlin = nullptr, *dgate = nullptr;
   int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
+  // The recomputing backward's overlays (plan_recompute_overlays): x̂_in's copies for the tail
+  // remade per chunk of tail_rows pixels into tail_xhat ([tail_rows][C] fp16) and tail_xhat_bf
+  // ([tail_rows][2C]); xhat_row0: the pixel of xhat_in's and xhat_in_bf's row 0 as the tail reads
+  // them (0, or the chunk's first pixel).
+  bool xhat_per_chunk = false;
+  void *tail_xhat = nullptr, *tail_xhat_bf = nullptr;
+  int64_t xhat_row0 = 0;
   float* dxhat = nullptr;                       // [M][max(C, Ch)] fp32: d xhat_out, then d xhat_in
   void* dx = nullptr;                           // channel-major bf16
   float *da = nullptr, *db = nullptr;           // channel-major fp32
@@ -166,6 +179,40 @@ inline Workspace plan_forward(const Dims& d, void* base, bool save, void* saved)
   return w;
 }
 
+// The recomputing backward's overlays: with both LayerNorm backwards in epilogues (no d x̂
+// buffer), its buffers take the regions of the recomputed saved set as their lives end, and it
+// needs no more than the saved set and the partials. backward.cu's order: 0 recompute, 1 output
+// stage, 2 d x̂_out ‖ dWz, 3 da ‖ db, 4 per tail chunk: LayerNorm_in of the chunk, tail ‖ dW_in.
+//   dgate over xhat_in, dy then db over xhat_in_bf   (x̂_in is read by the projection only; the
+//                                                     bf16 pair is not written)
+//   dx over logit, da over x then xhat_out             (dead after stages 1 and 2)
+//   per chunk: dlin over a_bf, b_bf and logit; x̂_in's fp16 copy and bf16 pair for the chunk's
+//   rows over xhat_out_bf                              (dead after stages 3 and 2)
+// plan_saved lays the spans out adjacently. The chunk is the most whole split-K chunks that both
+// fit. False (nothing changed) where a buffer would not fit or no chunk would.
+inline bool plan_recompute_overlays(const Dims& d, Workspace& w) {
+  const int64_t M = d.M(), cm = d.cm_elems(), row_c = d.C * 2;  // bytes of an fp16 row of C
+  if (!fused_norm_in(d) || !fused_norm_out(d)) return false;
+  if (cm * 4 > M * 2 * row_c || cm * 2 > M * row_c || cm * 4 > cm * 2 + M * d.Ch * 2) return false;
+  const int64_t dlin_rows = (2 * cm * 2 + M * row_c) / (d.dlin_cols() * 2);
+  const int64_t xhat_rows = (M * d.Ch * 2 - 256) / (3 * row_c);  // 256: the second copy's alignment
+  const int64_t rows = std::min(M, std::max<int64_t>(0, std::min(dlin_rows, xhat_rows)) / w.split_in.chunk *
+                                       w.split_in.chunk);
+  if (rows == 0) return false;
+  w.dgate = w.xhat_in;
+  w.dy = w.xhat_in_bf;
+  w.db = static_cast<float*>(w.xhat_in_bf);
+  w.dx = w.logit;
+  w.da = static_cast<float*>(w.x);
+  w.dxhat = nullptr;
+  w.dlin = w.a_bf;
+  w.tail_rows = rows;
+  w.tail_xhat = w.xhat_out_bf;
+  if (w.xhat_out_bf) w.tail_xhat_bf = static_cast<uint8_t*>(w.xhat_out_bf) + (rows * row_c + 255) / 256 * 256;
+  w.xhat_per_chunk = true;
+  return true;
+}
+
 // Backward workspace; with `from_saved` the saved set is read from `saved` (nullptr when only
 // sizing), else recomputed into the workspace.
 inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void* saved) {
@@ -184,25 +231,27 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   } else {
     w.saved_bytes = plan_saved(d, a, w);
   }
-  // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
-  // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
-  // write da, and d xhat_in is written after the projection backward consumed da; dy's last
-  // reader (dWz) runs before db is written.
-  const int64_t cm4 = d.cm_elems() * 4;
-  void* r1 = a.take(std::max(M * std::max(d.C, d.Ch) * 4, cm4), 1);
-  void* r2 = a.take(std::max(M * 2 * d.C * 2, cm4), 1);
-  w.dxhat = static_cast<float*>(r1);
-  w.da = static_cast<float*>(r1);
-  w.dy = r2;
-  w.db = static_cast<float*>(r2);
   w.split_in = wgrad_split(M, 2 * d.C, P);  // rows: xhat_in's high then low parts
   w.split_in_lo = w.split_in;  // xhat_in's high parts x dlin's a/b low parts, on the same chunks
-  // Chunked in the low-memory mode (no saved set: the backward recomputes the forward), whole
-  // when the forward saved: the chunks cost time (docs/perf-notes.md, 2026-12-04).
-  w.tail_rows = from_saved ? M : tail_rows(d, w.split_in);
-  w.dlin = a.take(w.tail_rows * d.dlin_cols(), 2);
-  if (w.tail_rows < M) w.dgate = a.take(M * d.C, 2);
-  w.dx = a.take(d.cm_elems(), 2);
+  if (from_saved || !plan_recompute_overlays(d, w)) {
+    // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
+    // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
+    // write da, and d xhat_in is written after the projection backward consumed da; dy's last
+    // reader (dWz) runs before db is written.
+    const int64_t cm4 = d.cm_elems() * 4;
+    void* r1 = a.take(std::max(M * std::max(d.C, d.Ch) * 4, cm4), 1);
+    void* r2 = a.take(std::max(M * 2 * d.C * 2, cm4), 1);
+    w.dxhat = static_cast<float*>(r1);
+    w.da = static_cast<float*>(r1);
+    w.dy = r2;
+    w.db = static_cast<float*>(r2);
+    // Chunked in the low-memory mode (no saved set: the backward recomputes the forward), whole
+    // when the forward saved: the chunks cost time (docs/perf-notes.md, 2026-12-04).
+    w.tail_rows = from_saved ? M : tail_rows(d, w.split_in);
+    w.dlin = a.take(w.tail_rows * d.dlin_cols(), 2);
+    if (w.tail_rows < M) w.dgate = a.take(M * d.C, 2);
+    w.dx = a.take(d.cm_elems(), 2);
+  }
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
   w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts

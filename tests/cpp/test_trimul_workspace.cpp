@@ -1,7 +1,10 @@
 // The multiplicative update's workspace layout (CPU): alignment, bounds, and that buffers which
-// are live at the same time never share bytes (only the documented overlays may).
+// are live at the same time never share bytes (only the documented overlays may, and in the
+// recomputing backward's overlay plan only buffers whose lives in backward.cu's order are
+// disjoint).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -63,12 +66,37 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"norm_in", w.norm_in, 2 * d.C * 4, false}, {"norm_out", w.norm_out, 2 * d.Ch * 4, false}};
   b.insert(b.end(), more.begin(), more.end());
   if (w.dgate) b.push_back({"dgate", w.dgate, M * d.C * 2, false});
+  if (w.xhat_per_chunk) {  // both LayerNorm backwards fused: no d xhat buffer; x̂_in per tail chunk
+    b.erase(std::remove_if(b.begin(), b.end(), [](const Buf& x) { return x.name == "dxhat"; }), b.end());
+    b.push_back({"tail_xhat", w.tail_xhat, w.tail_rows * d.C * 2, false});
+    b.push_back({"tail_xhat_bf", w.tail_xhat_bf, w.tail_rows * 2 * d.C * 2, false});
+  }
   return b;
+}
+
+// The recomputing backward's stages (backward.cu): 0 the forward recomputed, 1 the output stage,
+// 2 d xhat_out with LayerNorm_out's backward beside dWz, 3 da beside db, 4 the tail's chunks (each
+// LayerNorm_in of its rows, the tail, dW_in beside it), 5 the partials' sums. A buffer's life: the
+// stages from its first write to its last read (bits).
+unsigned life(const std::string& n) {
+  auto span = [](int first, int last) { return ((2u << last) - 1) & ~((1u << first) - 1); };
+  if (n == "xhat_in" || n == "xhat_in_bf") return span(0, 0);  // the projection; the tail reads its own
+  if (n == "mean_in" || n == "rstd_in") return span(0, 4);
+  if (n == "a_bf" || n == "b_bf") return span(0, 3);
+  if (n == "logit" || n == "xhat_out") return span(0, 1);
+  if (n == "x" || n == "xhat_out_bf" || n == "mean_out" || n == "rstd_out") return span(0, 2);
+  if (n == "dy") return span(1, 2);
+  if (n == "dgate") return span(1, 4);
+  if (n == "dx") return span(2, 3);
+  if (n == "da" || n == "db") return span(3, 4);
+  if (n == "dlin" || n == "tail_xhat" || n == "tail_xhat_bf") return span(4, 4);
+  return span(0, 5);  // weights, column sums, partials, their sums
 }
 
 // The overlays the stage orders allow (workspace.h): the forward's xhat_out over xhat_in; the
 // backward's da over d xhat, db over dy.
-bool may_share(Plan plan, const std::string& p, const std::string& q) {
+bool may_share(Plan plan, const Workspace& w, const std::string& p, const std::string& q) {
+  if (w.xhat_per_chunk) return (life(p) & life(q)) == 0;
   auto pair = [&](const char* a, const char* b) { return (p == a && q == b) || (p == b && q == a); };
   if (plan == Plan::kForward) return pair("xhat_in", "xhat_out");
   return is_backward(plan) && (pair("da", "dxhat") || pair("db", "dy"));
@@ -110,7 +138,7 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
     }
     for (size_t i = 0; i < bufs.size(); ++i)
       for (size_t j = i + 1; j < bufs.size(); ++j) {
-        if (may_share(plan, bufs[i].name, bufs[j].name)) continue;
+        if (may_share(plan, w, bufs[i].name, bufs[j].name)) continue;
         const auto *a = static_cast<const uint8_t*>(bufs[i].ptr), *b = static_cast<const uint8_t*>(bufs[j].ptr);
         const bool disjoint = a + bufs[i].bytes <= b || b + bufs[j].bytes <= a;
         EXPECT_TRUE(disjoint) << bufs[i].name << " overlaps " << bufs[j].name << mode;
@@ -140,8 +168,10 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
       // dgate exactly when dlin holds fewer rows than the pixels
       EXPECT_EQ(w.split_in_lo.chunk, w.split_in.chunk);
       EXPECT_TRUE(w.tail_rows == d.M() || w.tail_rows % w.split_in.chunk == 0);
-      EXPECT_EQ(w.dgate != nullptr, w.tail_rows < d.M());
+      EXPECT_EQ(w.dgate != nullptr, w.tail_rows < d.M() || w.xhat_per_chunk);
       if (d.C > GemmConfig::kBlockN) EXPECT_EQ(w.tail_rows, d.M());
+      // the overlays: only in the recomputing backward, where both LayerNorm backwards are fused
+      if (w.xhat_per_chunk) EXPECT_TRUE(plan == Plan::kBackwardRecompute && fused_norm_in(d) && fused_norm_out(d));
     }
   }
 }
@@ -163,10 +193,12 @@ TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
   }
 }
 
-// The low-memory backward's tail holds dlin for about 1/kTailChunks of the pixels at large N:
+// The low-memory backward's tail holds dlin for about 1/kTailChunks of the pixels at large N
+// where the overlays do not apply (here N % 8 != 0: LayerNorm_out's backward is a row kernel):
 // the workspace shrinks by most of dlin's (P + 4Ch) bf16 a pixel.
 TEST(TrimulWorkspaceSizes, TailChunksHoldAFractionOfDlin) {
-  const Dims d{1, 768, 768, 128, 128};
+  const Dims d{1, 766, 768, 128, 128};
+  ASSERT_FALSE(plan_backward(d, nullptr, false, nullptr).xhat_per_chunk);
   const Workspace w = plan_backward(d, nullptr, false, nullptr);
   EXPECT_LE(w.tail_rows * kTailChunks, d.M() + kTailChunks * w.split_in.chunk);
   EXPECT_LT(w.tail_rows, d.M() / 4);
@@ -176,10 +208,37 @@ TEST(TrimulWorkspaceSizes, TailChunksHoldAFractionOfDlin) {
   EXPECT_LT(w.bytes + full_dlin * 2 / 3, plan_backward(d, nullptr, true, nullptr).bytes + saved_size(d));
 }
 
+// With the overlays (AF3's shapes: C = Ch = 128, N % 8 == 0) the recomputing backward needs the
+// saved set and under 200 bytes a pixel more (weights, partials, column sums: 180 at N = 768, 45
+// at 4096), where the plan without them holds d x̂/da, dy/db, dx, dgate and a chunk of dlin beside
+// it (~1.85 KB a pixel more); the tail then runs in at most 4 chunks.
+TEST(TrimulWorkspaceSizes, OverlaysHoldTheBackwardInTheSavedSet) {
+  for (int64_t N : {768, 1024, 4096}) {
+    const Dims d{1, N, N, 128, 128};
+    const Workspace w = plan_backward(d, nullptr, false, nullptr);
+    ASSERT_TRUE(w.xhat_per_chunk) << N;
+    const int64_t M = d.M();
+    EXPECT_LT(w.bytes, saved_size(d) + M * 200) << N;
+    EXPECT_LE((M + w.tail_rows - 1) / w.tail_rows, 4) << N;
+    const Workspace old = plan_backward(Dims{1, N - 2, N, 128, 128}, nullptr, false, nullptr);
+    EXPECT_GT(static_cast<double>(old.bytes) / (N - 2) / (N - 2) - static_cast<double>(w.bytes) / M, 1800.0) << N;
+  }
+}
+
+// The GPU tests' recomputing cases that exercise the overlays (test_gpu_trimul.cpp) take them.
+TEST(TrimulWorkspaceSizes, GpuTestShapesTakeTheOverlays) {
+  for (const Dims& d : {Dims{1, 80, 80, 128, 64}, Dims{2, 72, 72, 96, 96}, Dims{1, 104, 104, 128, 128}}) {
+    const Workspace w = plan_backward(d, nullptr, false, nullptr);
+    EXPECT_TRUE(w.xhat_per_chunk) << d.B << "x" << d.N << " C " << d.C << " Ch " << d.Ch;
+    EXPECT_GT((d.M() + w.tail_rows - 1) / w.tail_rows, 1) << "the tail in more than one chunk";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, TrimulWorkspace,
                          ::testing::Values(std::make_tuple(1, 1, 32, 32), std::make_tuple(1, 7, 64, 256),
                                            std::make_tuple(2, 100, 256, 32), std::make_tuple(1, 333, 96, 96),
-                                           std::make_tuple(1, 768, 128, 128),
+                                           std::make_tuple(1, 768, 128, 128), std::make_tuple(2, 48, 128, 64),
+                                           std::make_tuple(1, 1024, 96, 96),
                                            std::make_tuple(1, 3072, 128, 128)));
 
 }  // namespace
