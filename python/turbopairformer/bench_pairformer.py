@@ -14,7 +14,10 @@ wired to cuEquivariance's kernels as OpenFold3 wires them (fp32 weights), and wi
 same weights. Measures: median
 CUDA-event time, peak extra memory, the relative error over valid pairs against an fp32 run of
 the plain-PyTorch block (same weights, no autocast), and whether two backward passes give
-bitwise-identical parameter gradients (dropout off for that check).
+bitwise-identical parameter gradients (dropout off for that check). The pair track column times
+the block's pair stack alone (both multiplicative updates, both triangle attentions, the pair
+transition: the Pairformer issue's "pair-track block") with the z part of the loss, in the same
+mode.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     base = torch.cuda.memory_allocated()
     row["block_fwd_bwd_ms"] = _median_ms(step, iters)
     row["block_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    row["pair_fwd_bwd_ms"] = _pair_track_ms(block, mode, z, pm, iters)
 
     # accuracy and repeatability, dropout off
     block.eval()
@@ -184,6 +188,14 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     row["z_rel_err_vs_fp32"] = rel(zo.detach()[:, v][:, :, v], rz[:, v][:, :, v])
     row["s_rel_err_vs_fp32"] = rel(so.detach()[:, v], rs[:, v])
     return row
+
+
+def _pair_track_ms(block, mode, z, pm, iters):
+    """The block's pair stack alone, forward + backward (training mode, run as the block ran)."""
+    pair = block.pair_stack
+    step = _pair_step(torch.compile(pair) if mode == "compile" else pair, z, pm)
+    step()  # compile
+    return _median_ms(step, iters)
 
 
 def _stack_case(stack_cls, mode, weights, inputs, iters):
@@ -255,6 +267,7 @@ COLUMNS = (
     "mode",
     "N",
     "block fwd+bwd ms",
+    "pair track fwd+bwd ms",
     "block peak GiB",
     "4-block AdamW step ms",
     "stack peak GiB",
@@ -281,6 +294,7 @@ def write(rows, out_dir: Path, gpu: str, command: str):
                 r["mode"],
                 r["N"],
                 f"{r['block_fwd_bwd_ms']:.2f}",
+                f"{r['pair_fwd_bwd_ms']:.2f}" if "pair_fwd_bwd_ms" in r else "",
                 f"{r['block_peak_gib']:.2f}",
                 f"{r['stack4_step_ms']:.1f}",
                 f"{r['stack4_peak_gib']:.2f}",

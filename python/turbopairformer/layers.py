@@ -63,13 +63,22 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _weight_grads(dy: torch.Tensor, a: torch.Tensor, dtype: torch.dtype, has_bias: bool):
-    """dW = dyᵀ a in the weight's dtype, and db = colsum(dy) in at least fp32, then that dtype
-    (None without bias). dy: [*, O], a: [*, K]."""
+def _weight_grads(dy: torch.Tensor, a: torch.Tensor, dtype: torch.dtype, bias):
+    """dW = dyᵀ a in the weight's dtype, and db = colsum(dy) in at least fp32, then that dtype.
+    dy: [*, O], a: [*, K]. bias: False (db None), True (every column), or the (start, end)
+    column ranges of the stacked layers that have one (_bias_cols): only those are summed, the
+    rest of db is zero (a stack's bias-free layers hold most of its columns)."""
     dw = (_rows(dy).t() @ _rows(a)).to(dtype)  # [O, K]
+    if bias is False:
+        return dw, None
     acc = torch.promote_types(dy.dtype, torch.float32)
-    db = _rows(dy).sum(0, dtype=acc).to(dtype) if has_bias else None
-    return dw, db
+    rows = _rows(dy)  # [R, O]
+    if bias is True:
+        return dw, rows.sum(0, dtype=acc).to(dtype)
+    db = rows.new_zeros(rows.shape[1], dtype=acc)  # [O]
+    for start, end in bias:
+        db[start:end] = rows[:, start:end].sum(0, dtype=acc)
+    return dw, db.to(dtype)
 
 
 def _joined(grads, widths, shape, like: torch.Tensor) -> torch.Tensor:
@@ -139,7 +148,7 @@ def _branch_grad(dz: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
 
 class _NormLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ln_w, ln_b, eps, w, b, widths, splits):
+    def forward(ctx, x, ln_w, ln_b, eps, w, b, widths, splits, bias_cols):
         cd = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x = x.contiguous()  # the backward's LayerNorm reads x in the stats' row order
@@ -147,7 +156,7 @@ class _NormLinear(torch.autograd.Function):
             wc = w.to(cd)  # [P, C], the backward's operand too (no second cast)
             y = F.linear(a, wc, None if b is None else b.to(cd))  # [*, P]
         ctx.save_for_backward(x, *stats, ln_w, ln_b, a, wc)
-        ctx.widths, ctx.has_bias, ctx.y_shape, ctx.w_dtype = widths, b is not None, y.shape, w.dtype
+        ctx.widths, ctx.bias_cols, ctx.y_shape, ctx.w_dtype = widths, bias_cols, y.shape, w.dtype
         ctx.eps = eps
         return _column_blocks(y, widths, splits)
 
@@ -156,9 +165,9 @@ class _NormLinear(torch.autograd.Function):
         x, mean, rstd, ln_w, ln_b, a, wc = ctx.saved_tensors
         dy = _joined(grads, ctx.widths, ctx.y_shape, a)  # [*, P]
         da = dy @ wc  # [*, C]
-        dw, db = _weight_grads(dy, a, ctx.w_dtype, ctx.has_bias)
+        dw, db = _weight_grads(dy, a, ctx.w_dtype, ctx.bias_cols)
         dx, dln_w, dln_b = _norm_backward(ctx, da, x, ln_w, ln_b, (mean, rstd))
-        return dx, dln_w, dln_b, None, dw, db, None, None
+        return dx, dln_w, dln_b, None, dw, db, None, None, None
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -257,6 +266,17 @@ def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 STACK_PAD = 32
 
 
+def _bias_cols(layers):
+    """The (start, end) output columns of each stacked layer that has a bias, or False when none
+    has one: what _weight_grads sums for the stacked bias's gradient."""
+    cols, start = [], 0
+    for l in layers:
+        if l.bias is not None:
+            cols.append((start, start + l.out_features))
+        start += l.out_features
+    return tuple(cols) or False
+
+
 def _stacked(layers, pad_to: int):
     """The layers' weights stacked [sum(out) (+ pad), in] and biases (None when none has one;
     zeros for those without), the output width zero-padded to a multiple of pad_to."""
@@ -296,7 +316,9 @@ def norm_linear(
     splits = tuple(splits) if splits is not None else (None,) * len(layers)
     if torch.compiler.is_compiling():  # inductor fuses the plain ops and chooses what to save
         return _column_blocks(F.linear(norm(x), w, b), widths, splits)
-    return _NormLinear.apply(x, norm.weight, norm.bias, norm.eps, w, b, widths, splits)
+    return _NormLinear.apply(
+        x, norm.weight, norm.bias, norm.eps, w, b, widths, splits, _bias_cols(layers)
+    )
 
 
 class _GatedLinear(torch.autograd.Function):
@@ -357,7 +379,22 @@ def _gate_rows(t, heads):
 class _TriangleAttentionLayer(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, x, ln_w, ln_b, eps, w, b, wo, bo, mask, heads, starting, compensate, residual, scale
+        ctx,
+        x,
+        ln_w,
+        ln_b,
+        eps,
+        w,
+        b,
+        bias_cols,
+        wo,
+        bo,
+        mask,
+        heads,
+        starting,
+        compensate,
+        residual,
+        scale,
     ):
         cd = _compute_dtype(x)
         H, c = heads
@@ -398,7 +435,7 @@ class _TriangleAttentionLayer(torch.autograd.Function):
         ctx.residual = residual
         ctx.eps, ctx.heads, ctx.starting, ctx.compensate = eps, heads, starting, compensate
         ctx.softmax_scale = softmax_scale
-        ctx.has_bias, ctx.has_out_bias, ctx.w_dtype = b is not None, bo is not None, w.dtype
+        ctx.bias_cols, ctx.has_out_bias, ctx.w_dtype = bias_cols, bo is not None, w.dtype
         return out
 
     @staticmethod
@@ -444,9 +481,9 @@ class _TriangleAttentionLayer(torch.autograd.Function):
         dy[..., 4 * Hc : 4 * Hc + H].copy_(dbias[:, 0].permute(inverse))
         dy[..., 4 * Hc + H :].zero_()
         dxn = dy @ wc  # [B, I, J, C]
-        dw, db = _weight_grads(dy, xn, ctx.w_dtype, ctx.has_bias)
+        dw, db = _weight_grads(dy, xn, ctx.w_dtype, ctx.bias_cols)
         dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd), dz)
-        return dx, dln_w, dln_b, None, dw, db, dwo, dbo, None, None, None, None, None, None
+        return dx, dln_w, dln_b, None, dw, db, None, dwo, dbo, None, None, None, None, None, None
 
 
 def triangle_attention_layer(
@@ -481,6 +518,7 @@ def triangle_attention_layer(
         norm.eps,
         w,
         b,
+        _bias_cols(projections),
         out.weight,
         out.bias,
         mask,

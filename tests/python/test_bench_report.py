@@ -172,6 +172,7 @@ def test_pairformer_report_files(tmp_path):
             "N": 384,
             "first_call_s": 1.0,
             "block_fwd_bwd_ms": 12.5,
+            "pair_fwd_bwd_ms": 11.25,
             "block_peak_gib": 2.0,
             "stack4_step_ms": 60.0,
             "stack4_peak_gib": 3.0,
@@ -187,7 +188,7 @@ def test_pairformer_report_files(tmp_path):
     )
     md = (tmp_path / "pairformer.md").read_text()
     assert (
-        "| turbopairformer | eager | 384 | 12.50 | 2.00 | 60.0 | 3.00 | 1.00e-02 | 2.00e-02 "
+        "| turbopairformer | eager | 384 | 12.50 | 11.25 | 2.00 | 60.0 | 3.00 | 1.00e-02 | 2.00e-02 "
         "| yes | 1.0 |" in md
     )
     assert "| pytorch | compile | 1024 | out of memory |" in md
