@@ -18,6 +18,7 @@ from .layers import (
     STACK_PAD,
     _bias_order,
     _slice_order,
+    compiled_nodes,
     gated_linear,
     norm_linear,
     residual_add,
@@ -83,10 +84,10 @@ class TriangleAttention(nn.Module):
         return self.attend(x, mask, self.starting)
 
     def _fused(self, x: torch.Tensor) -> bool:
-        """Whether the layer runs as one autograd node (layers.triangle_attention_layer): in
-        eager mode, at a head dim the kernels run natively (or on the CPU's reference). Under
-        torch.compile the composed ops below let inductor fuse the glue itself."""
-        if torch.compiler.is_compiling() or x.numel() == 0:
+        """Whether the layer runs as one node (layers.triangle_attention_layer): at a head dim
+        the kernels run natively (or on the CPU's reference); under torch.compile where
+        layers.compiled_nodes(x), else the composed ops below, which inductor fuses."""
+        if x.numel() == 0 or (torch.compiler.is_compiling() and not compiled_nodes(x)):
             return False
         return not x.is_cuda or self.c_hidden in NATIVE_HEAD_DIMS
 
