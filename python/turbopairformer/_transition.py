@@ -169,14 +169,10 @@ def _node_bwd_fake(dout, x, mean, rstd, ln_w, ln_b, xhat, wa, wb, wo, scale, eps
     ]
 
 
-node = torch.library.custom_op(
-    "turbopairformer::swiglu_transition", _node_fwd, mutates_args=(), schema=_NODE_SCHEMA
+node, _node_backward = _calls.node_ops(
+    ("swiglu_transition", _node_fwd, _node_fwd_fake, _NODE_SCHEMA),
+    ("swiglu_transition_bwd", _node_bwd, _node_bwd_fake, _NODE_BWD_SCHEMA),
 )
-node.register_fake(_node_fwd_fake)
-_node_backward = torch.library.custom_op(
-    "turbopairformer::swiglu_transition_bwd", _node_bwd, mutates_args=(), schema=_NODE_BWD_SCHEMA
-)
-_node_backward.register_fake(_node_bwd_fake)
 
 
 def _setup(ctx, inputs, output):

@@ -83,7 +83,9 @@ def _fwd_args(rest):
 
 def _fwd(x, mask, *rest):
     weights, direction, eps, save, residual, scale = _fwd_args(rest)
-    out = torch.empty_like(x if residual is None else residual, memory_format=torch.contiguous_format)
+    out = torch.empty_like(
+        x if residual is None else residual, memory_format=torch.contiguous_format
+    )
     saved = _saved_buffer(x, weights[2], save)
     extra = _residual_args(x, residual, scale)
     _call(
@@ -126,14 +128,9 @@ def _bwd_fake(dout, saved, x, mask, *rest):
     ]
 
 
-_trimul_fwd = torch.library.custom_op(
-    "turbopairformer::trimul_fwd", _fwd, mutates_args=(), schema=_FWD_SCHEMA
+_trimul_fwd, _trimul_bwd = _calls.node_ops(
+    ("trimul_fwd", _fwd, _fwd_fake, _FWD_SCHEMA), ("trimul_bwd", _bwd, _bwd_fake, _BWD_SCHEMA)
 )
-_trimul_fwd.register_fake(_fwd_fake)
-_trimul_bwd = torch.library.custom_op(
-    "turbopairformer::trimul_bwd", _bwd, mutates_args=(), schema=_BWD_SCHEMA
-)
-_trimul_bwd.register_fake(_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -319,9 +316,11 @@ def _res_op(z, scale, mask, *rest):
 def _res_op_fake(z, scale, mask, *rest):
     *weights, _direction, _eps, save, cast = rest
     x = z.new_empty(z.shape, dtype=torch.bfloat16) if cast else z
-    return torch.empty_like(z, memory_format=torch.contiguous_format), _saved_buffer(
-        x, weights[2], save
-    ), (x if cast else z.new_empty(0))
+    return (
+        torch.empty_like(z, memory_format=torch.contiguous_format),
+        _saved_buffer(x, weights[2], save),
+        (x if cast else z.new_empty(0)),
+    )
 
 
 def _dz_dtype(dres, x):
@@ -344,14 +343,10 @@ def _res_bwd_op_fake(dres, saved, x, z, mask, scale, *rest):
     ]
 
 
-_residual_fwd_op = torch.library.custom_op(
-    "turbopairformer::trimul_residual_update", _res_op, mutates_args=(), schema=_RES_SCHEMA
+_residual_fwd_op, _residual_bwd_op = _calls.node_ops(
+    ("trimul_residual_update", _res_op, _res_op_fake, _RES_SCHEMA),
+    ("trimul_residual_update_bwd", _res_bwd_op, _res_bwd_op_fake, _RES_BWD_SCHEMA),
 )
-_residual_fwd_op.register_fake(_res_op_fake)
-_residual_bwd_op = torch.library.custom_op(
-    "turbopairformer::trimul_residual_update_bwd", _res_bwd_op, mutates_args=(), schema=_RES_BWD_SCHEMA
-)
-_residual_bwd_op.register_fake(_res_bwd_op_fake)
 
 
 def _res_setup(ctx, inputs, output):

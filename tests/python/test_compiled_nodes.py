@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not importable here")
 from conftest import requires_gpu  # noqa: E402
 
 import turbopairformer as tpf  # noqa: E402
-from turbopairformer import _norm, _transition, layers, pairformer  # noqa: E402
+from turbopairformer import _attention_layer, _norm, _transition, layers, pairformer  # noqa: E402
 from turbopairformer.modules import packed_weights  # noqa: E402
 
 C, CS = 32, 16
@@ -158,7 +158,7 @@ def test_opcheck_attention_layer_node(starting, residual):
     mask = (mask if starting else mask.transpose(-1, -2))[:, :, None, None, :]
     mh = m.mha
     w, b = layers._stacked(
-        (mh.linear_q, mh.linear_k, mh.linear_v, mh.linear_g, m.linear_z), layers.STACK_PAD
+        (mh.linear_q, mh.linear_k, mh.linear_v, mh.linear_g, m.linear_z), _attention_layer.STACK_PAD
     )
     scale = (torch.rand(1, 1, 5, 1) > 0.3).double() if residual else None
     args = (
