@@ -300,7 +300,7 @@ _RES_SCHEMA = (
     "bool cast) -> (Tensor, Tensor, Tensor)"
 )
 _RES_BWD_SCHEMA = (
-    f"(Tensor dres, Tensor saved, Tensor x, Tensor z, Tensor? mask, Tensor? scale, {_W}, "
+    f"(Tensor dres, Tensor saved, Tensor x, Tensor? mask, Tensor? scale, {_W}, "
     "int direction, float eps) -> Tensor[]"
 )
 
@@ -327,19 +327,18 @@ def _dz_dtype(dres, x):
     return dres.dtype if dres.dtype in (x.dtype, torch.float32) else torch.float32
 
 
-def _res_bwd_op(dres, saved, x, z, mask, scale, *rest):
+def _res_bwd_op(dres, saved, x, mask, scale, *rest):
+    """x: the kernel's input (z's bf16 copy, or z)."""
     *weights, direction, eps = rest
-    x = x if x.numel() else z
-    with torch.autocast(z.device.type, enabled=False):
+    with torch.autocast(x.device.type, enabled=False):
         dz, grads = _residual_backward(dres, saved, x, mask, scale, weights, direction, eps)
-    return [dz] + [g if g is not None else z.new_empty(0) for g in grads]
+    return [dz] + [g if g is not None else x.new_empty(0) for g in grads]
 
 
-def _res_bwd_op_fake(dres, saved, x, z, mask, scale, *rest):
+def _res_bwd_op_fake(dres, saved, x, mask, scale, *rest):
     weights = rest[:-2]
-    dtype = _dz_dtype(dres, x if x.numel() else z)
-    return [z.new_empty(z.shape, dtype=dtype)] + [
-        torch.empty_like(w) if w is not None else z.new_empty(0) for w in weights
+    return [x.new_empty(x.shape, dtype=_dz_dtype(dres, x))] + [
+        torch.empty_like(w) if w is not None else x.new_empty(0) for w in weights
     ]
 
 
@@ -351,18 +350,19 @@ _residual_fwd_op, _residual_bwd_op = _calls.node_ops(
 
 def _res_setup(ctx, inputs, output):
     z, scale, mask, *rest = inputs
-    *weights, direction, eps, _save, _cast = rest
+    *weights, direction, eps, _save, cast = rest
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(output[1], output[2], z, mask, scale, *weights)
+    # the kernel's input, as eager mode keeps it (not z as well, where x is its copy)
+    ctx.save_for_backward(output[1], output[2] if cast else z, mask, scale, *weights)
     ctx.direction, ctx.eps = direction, eps
 
 
 def _res_autograd(ctx, dres, *_unused):
     if dres is None:
         return (None,) * len(ctx.needs_input_grad)
-    saved, x, z, mask, scale, *weights = ctx.saved_tensors
-    dz, *dw = _residual_bwd_op(dres, saved, x, z, mask, scale, *weights, ctx.direction, ctx.eps)
+    saved, x, mask, scale, *weights = ctx.saved_tensors
+    dz, *dw = _residual_bwd_op(dres, saved, x, mask, scale, *weights, ctx.direction, ctx.eps)
     grads = [g if w is not None else None for g, w in zip(dw, weights)]
     return (dz, None, None, *grads, None, None, None, None)
 
