@@ -58,8 +58,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 # Under torch.compile the pair modules' nodes run as their custom ops (the same kernels and
-# saved sets as in eager mode) from this many pairs a batch up, and below it as the composed
-# ops, which inductor fuses. Each node's host work (the Python between its kernels: ~1 ms for
+# saved sets as in eager mode) from this many pairs (the whole batch's) up, and below it as the
+# composed ops, which inductor fuses. Each node's host work (the Python between its kernels: ~1 ms for
 # the attention layer's backward) is what decides: at N = 384 the nodes inside a compiled block
 # measured slower (docs/perf-notes.md, 2026-12-04, fifth session), while at N = 768 the compiled
 # block (composed ops) is 1.9 ms slower than the eager one (nodes; pairformer.md). The
@@ -68,8 +68,9 @@ COMPILED_NODE_MIN_PAIRS = 640 * 640
 
 
 def compiled_nodes(x: torch.Tensor) -> bool:
-    """Whether a pair module on x [*, I, J, C] runs its fused node under torch.compile."""
-    return x.dim() >= 3 and x.shape[-3] * x.shape[-2] >= COMPILED_NODE_MIN_PAIRS
+    """Whether a pair module on x [*, I, J, C] runs its fused node under torch.compile: by the
+    pairs of the whole batch, since the GPU time grows with them and the host work does not."""
+    return x.dim() >= 3 and x.numel() // x.shape[-1] >= COMPILED_NODE_MIN_PAIRS
 
 
 def _weight_grads(dy: torch.Tensor, a: torch.Tensor, dtype: torch.dtype, has_bias: bool):

@@ -89,6 +89,7 @@ def test_compiled_nodes_threshold():
     n = int(layers.COMPILED_NODE_MIN_PAIRS**0.5)
     assert layers.compiled_nodes(torch.empty(1, n, n, 1, device="meta"))
     assert not layers.compiled_nodes(torch.empty(1, n - 1, n, 1, device="meta"))
+    assert layers.compiled_nodes(torch.empty(2, n - 1, n, 1, device="meta"))  # the batch's pairs
 
 
 def test_checkpointed_stack_recomputes_the_nodes(nodes_always):
