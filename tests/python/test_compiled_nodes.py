@@ -205,7 +205,15 @@ def test_compiled_block_on_gpu_matches_eager_and_repeats(N, nodes_always):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             so, zo = fn(s, z, sm, pm)
         (so.float().square().mean() + zo.float().square().mean()).backward()
-        return [zo.detach().float(), z.grad.clone()] + [p.grad.clone() for p in block.parameters()]
+        # every parameter gradient but the single track's layer_norm_z.bias, which is zero in
+        # exact arithmetic (a constant across keys, which the softmax removes): both runs give
+        # rounding noise there (H200: norm 6e-7, eager and compiled 1.1-1.3 apart, on main too)
+        grads = [
+            p.grad.clone()
+            for n, p in block.named_parameters()
+            if n != "attn_pair_bias.layer_norm_z.bias"
+        ]
+        return [zo.detach().float(), z.grad.clone()] + grads
 
     eager = step(block)
     compiled = torch.compile(block, fullgraph=True)
