@@ -66,10 +66,21 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 # crossover between them is not measured: 640^2 keeps N <= 512 on the measured side.
 COMPILED_NODE_MIN_PAIRS = 640 * 640
 
+# Set by PairformerStack while dynamo traces its checkpointed blocks: there the composed ops run.
+# Inside a compiled activation checkpoint the nodes' forward ops are recomputed in the backward
+# graph, and inductor's peak-memory reordering (reorder_for_peak_memory, on by default) moves
+# every block's recompute to the start of the backward, so that all blocks' saved sets live at
+# once (a 4-block stack at N = 768 peaked at 27.5 GiB against 11.0 with the composed ops:
+# docs/perf-notes.md, 2026-12-05).
+_IN_COMPILED_CHECKPOINT = False
+
 
 def compiled_nodes(x: torch.Tensor) -> bool:
     """Whether a pair module on x [*, I, J, C] runs its fused node under torch.compile: by the
-    pairs of the whole batch, since the GPU time grows with them and the host work does not."""
+    pairs of the whole batch, since the GPU time grows with them and the host work does not;
+    never inside PairformerStack's checkpoints."""
+    if _IN_COMPILED_CHECKPOINT:
+        return False
     return x.dim() >= 3 and x.numel() // x.shape[-1] >= COMPILED_NODE_MIN_PAIRS
 
 
