@@ -89,3 +89,15 @@ def vector_friendly(x: torch.Tensor) -> bool:
         and x.data_ptr() % 16 == 0
         and all(s % step == 0 for n, s in zip(x.shape[:-1], x.stride()[:-1]) if n > 1)
     )
+
+
+def node_ops(forward, backward):
+    """A node's forward and backward as torch.library custom ops of the turbopairformer
+    namespace, with their fake implementations: forward, backward = (name, function, fake,
+    schema). Neither mutates its arguments; the caller joins them with register_autograd."""
+    ops = []
+    for name, fn, fake, schema in (forward, backward):
+        op = torch.library.custom_op(f"turbopairformer::{name}", fn, mutates_args=(), schema=schema)
+        op.register_fake(fake)
+        ops.append(op)
+    return tuple(ops)

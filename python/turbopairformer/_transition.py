@@ -34,9 +34,8 @@ def supported(x: torch.Tensor, hidden: int, cd: torch.dtype, scale) -> bool:
         and x.dtype in (torch.float32, torch.bfloat16)
         and hidden % 64 == 0
         and (scale is None or scale.numel() == rows)
-        and (
-            not x.is_contiguous() or x.data_ptr() % 16 == 0
-        )  # a copy is aligned; a view may not be
+        # a copy is aligned; a view may not be (a compiled graph's custom op copies it itself)
+        and (torch.compiler.is_compiling() or not x.is_contiguous() or x.data_ptr() % 16 == 0)
         and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device())
     )
 
@@ -116,9 +115,15 @@ def _bf16_weights(wa, wb, wo):
     return torch.cat([wa, wb]).to(torch.bfloat16), wo.to(torch.bfloat16)  # [2H, C], [C, H]
 
 
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x contiguous and 16-byte aligned, as the kernels read it (a copy where it is not)."""
+    x = x.contiguous()
+    return x.clone() if x.is_cuda and x.data_ptr() % 16 else x
+
+
 def _node_fwd(x, ln_w, ln_b, wa, wb, wo, scale, eps, residual):
     wab, wo_c = _bf16_weights(wa, wb, wo)
-    return forward(x.contiguous(), ln_w, ln_b, eps, wab, wo_c, residual, scale)
+    return forward(_aligned(x), ln_w, ln_b, eps, wab, wo_c, residual, scale)
 
 
 def _node_fwd_fake(x, ln_w, ln_b, wa, wb, wo, scale, eps, residual):
@@ -164,14 +169,10 @@ def _node_bwd_fake(dout, x, mean, rstd, ln_w, ln_b, xhat, wa, wb, wo, scale, eps
     ]
 
 
-node = torch.library.custom_op(
-    "turbopairformer::swiglu_transition", _node_fwd, mutates_args=(), schema=_NODE_SCHEMA
+node, _node_backward = _calls.node_ops(
+    ("swiglu_transition", _node_fwd, _node_fwd_fake, _NODE_SCHEMA),
+    ("swiglu_transition_bwd", _node_bwd, _node_bwd_fake, _NODE_BWD_SCHEMA),
 )
-node.register_fake(_node_fwd_fake)
-_node_backward = torch.library.custom_op(
-    "turbopairformer::swiglu_transition_bwd", _node_bwd, mutates_args=(), schema=_NODE_BWD_SCHEMA
-)
-_node_backward.register_fake(_node_bwd_fake)
 
 
 def _setup(ctx, inputs, output):

@@ -13,26 +13,22 @@ PyTorch's per-op temporaries:
                                           pass each way, a saved set of norm(x) and the up
                                           projection
     gated_linear(g, o, layer)             layer(sigmoid(g) * o)
-    triangle_attention_layer(x, ...)      a whole TriangleAttention layer (LayerNorm, the stacked
-                                          projection, the attention, the sigmoid gate, the
-                                          output projection), its backward writing every
-                                          projection gradient in place; the forward's gate,
-                                          output projection and residual add run as one
-                                          kernel where it is built (_gated_linear.py)
     residual_add(z, out, scale)           z + scale * out in one pass (the library's kernel)
 
-swiglu_transition and triangle_attention_layer take residual=True to return residual_add(x,
-update, scale) from the same node, whose backward adds x's pass-through gradient inside the
-LayerNorm backward's pass (the modules' residual_update).
+(The whole TriangleAttention layer as one node is _attention_layer.py, on these parts.)
+swiglu_transition takes residual=True to return residual_add(x, update, scale) from the same
+node, whose backward adds x's pass-through gradient inside the LayerNorm backward's pass (the
+modules' residual_update).
 
 On CUDA the LayerNorm runs on the library's kernel (_norm.py) where it is built for the width
 and dtypes: it writes its output straight in the GEMM's dtype and takes the gradient in it, so
 neither direction has a cast pass, and its weight gradients are bitwise repeatable.
 
-These are for eager mode. Under torch.compile they are the plain ops, which inductor fuses into
-its own kernels and whose saved set its partitioner chooses: the nodes inside a compiled block,
-as graph breaks or (the transition) as its custom op, gained nothing that held across machines
-at N = 768 and lost at N = 384 (docs/perf-notes.md, 2026-12-04, fifth session).
+These are for eager mode. Under torch.compile the pair modules' nodes (the transition, the
+attention layer, the multiplicative update's residual update) run as their custom ops (the same
+kernels, no graph break) for pair tensors of at least COMPILED_NODE_MIN_PAIRS pairs, and as the
+plain ops below it, which inductor fuses into its own kernels (compiled_nodes: each node's host
+work loses where the GPU time is short).
 
 Each runs in the autocast dtype when autocast is on (the LayerNorm in x's dtype, as PyTorch's
 autocast runs it), rounds where PyTorch's autocast rounds (except that the gate and SwiGLU
@@ -43,13 +39,11 @@ bitwise repeatable.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import _gate, _gated_linear, _norm, _residual, _swiglu, _transition, attention
+from . import _norm, _residual, _swiglu, _transition
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -61,6 +55,33 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
+
+
+# Under torch.compile the pair modules' nodes run as their custom ops (the same kernels and
+# saved sets as in eager mode) from this many pairs (the whole batch's) up, and below it as the
+# composed ops, which inductor fuses. Each node's host work (the Python between its kernels: ~1 ms for
+# the attention layer's backward) is what decides: at N = 384 the nodes inside a compiled block
+# measured slower (docs/perf-notes.md, 2026-12-04, fifth session), while at N = 768 the compiled
+# block (composed ops) is 1.9 ms slower than the eager one (nodes; pairformer.md). The
+# crossover between them is not measured: 640^2 keeps N <= 512 on the measured side.
+COMPILED_NODE_MIN_PAIRS = 640 * 640
+
+# Set by PairformerStack while dynamo traces its checkpointed blocks: there the composed ops run.
+# Inside a compiled activation checkpoint the nodes' forward ops are recomputed in the backward
+# graph, and inductor's peak-memory reordering (reorder_for_peak_memory, on by default) moves
+# every block's recompute to the start of the backward, so that all blocks' saved sets live at
+# once (a 4-block stack at N = 768 peaked at 27.5 GiB against 11.0 with the composed ops:
+# docs/perf-notes.md, 2026-12-05).
+_IN_COMPILED_CHECKPOINT = False
+
+
+def compiled_nodes(x: torch.Tensor) -> bool:
+    """Whether a pair module on x [*, I, J, C] runs its fused node under torch.compile: by the
+    pairs of the whole batch, since the GPU time grows with them and the host work does not;
+    never inside PairformerStack's checkpoints."""
+    if _IN_COMPILED_CHECKPOINT:
+        return False
+    return x.dim() >= 3 and x.numel() // x.shape[-1] >= COMPILED_NODE_MIN_PAIRS
 
 
 def _weight_grads(dy: torch.Tensor, a: torch.Tensor, dtype: torch.dtype, bias):
@@ -112,7 +133,8 @@ def _norm_forward(x, ln_w, ln_b, eps, cd):
 def _norm_backward(ctx, dxn, x, ln_w, ln_b, stats, dx_in=None):
     """(dx, d ln_w, d ln_b) from the gradient of _norm_forward's output, plus dx_in (a
     residual's gradient, added in the kernel's pass) where given; ln_w, ln_b are the node's
-    inputs 1 and 2 (their gradients computed only where autograd asks)."""
+    inputs 1 and 2 (their gradients computed only where autograd asks). ctx: the node's
+    on_kernel, eps and needs_input_grad."""
     need = ctx.needs_input_grad
     if ctx.on_kernel:
         if dx_in is not None:
@@ -231,17 +253,17 @@ def swiglu_transition(
     SwiGLUTransition); with residual=True, residual_add(x, that, scale) from the same node, whose
     backward adds x's pass-through gradient in the LayerNorm backward's pass. In eager mode,
     where the fused kernels apply (c = 128, bf16 compute, sm_90), the node is their custom op;
-    elsewhere the unfused node. Under torch.compile the plain ops, which inductor fuses and
-    checkpointing recomputes: the custom op there measured slower at N = 384 and in the
-    checkpointed stack (docs/perf-notes.md, 2026-12-04, fifth session)."""
+    elsewhere the unfused node. Under torch.compile the custom op where compiled_nodes(x), else
+    the plain ops, which inductor fuses."""
     cd = _compute_dtype(x)
-    if torch.compiler.is_compiling():
+    fused = _norm.gpu_supported(x, norm.weight, cd) and _transition.supported(
+        x, a.out_features, cd, scale if residual else None
+    )
+    if torch.compiler.is_compiling() and not (fused and compiled_nodes(x)):
         y = norm(x)
         t = out(F.silu(a(y)) * b(y))
         return residual_add(x, t, scale) if residual else t
-    if _norm.gpu_supported(x, norm.weight, cd) and _transition.supported(
-        x, a.out_features, cd, scale if residual else None
-    ):
+    if fused:
         return _transition.node(
             x, norm.weight, norm.bias, a.weight, b.weight, out.weight, scale, norm.eps, residual
         )[0]
@@ -257,13 +279,6 @@ def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         y = norm(x)
         return y.to(_compute_dtype(x))
     return _LayerNorm.apply(x, norm.weight, norm.bias, norm.eps)
-
-
-# The attention layers' stacked projection width is padded to a multiple of this. At 4 x 32
-# heads that is 544 columns instead of the 8-aligned 520: rows of 1088 bytes, 64-byte aligned
-# for the attention kernels' q, k, v reads, and tiles cuBLAS runs faster, for 4.6% more bytes
-# (docs/perf-notes.md, 2026-12-04: the layer's forward + backward 6% faster at N = 768).
-STACK_PAD = 32
 
 
 def _bias_cols(layers):
@@ -350,181 +365,3 @@ def gated_linear(g: torch.Tensor, o: torch.Tensor, layer: nn.Linear) -> torch.Te
     if torch.compiler.is_compiling():
         return layer((torch.sigmoid(g) * o).flatten(-2))
     return _GatedLinear.apply(g, o, layer.weight, layer.bias)
-
-
-def _slice_order(starting: bool):
-    """The permutations between the layer's [B, I, J, H, c] and the kernel's [B, S, H, N, c]
-    (slice s, key n = (i, j) at the starting node, (j, i) at the ending node): (to, back)."""
-    return ((0, 1, 3, 2, 4), (0, 1, 3, 2, 4)) if starting else ((0, 2, 3, 1, 4), (0, 3, 1, 2, 4))
-
-
-def _bias_order(starting: bool):
-    """bias[b, 0, h, q, k] = zb[b, q, k, h] (starting) or zb[b, k, q, h] (ending)."""
-    return (0, 3, 1, 2) if starting else (0, 3, 2, 1)
-
-
-def _heads_block(t, block: int, heads, to):
-    """Column block `block` (q, k, v, g: 0..3) of the stacked projection t [B, I, J, P] (or of
-    its gradient) as the kernel's [B, S, H, N, c] view."""
-    H, c = heads
-    return t[..., block * H * c : (block + 1) * H * c].unflatten(-1, (H, c)).permute(to)
-
-
-def _gate_rows(t, heads):
-    """The gate's column block of the stacked projection t [B, I, J, P] as [R, H c] rows."""
-    H, c = heads
-    return _rows(t)[:, 3 * H * c : 4 * H * c]
-
-
-class _TriangleAttentionLayer(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx,
-        x,
-        ln_w,
-        ln_b,
-        eps,
-        w,
-        b,
-        bias_cols,
-        wo,
-        bo,
-        mask,
-        heads,
-        starting,
-        compensate,
-        residual,
-        scale,
-    ):
-        cd = _compute_dtype(x)
-        H, c = heads
-        B, I, J, _ = x.shape
-        to, _ = _slice_order(starting)
-        with torch.autocast(x.device.type, enabled=False):
-            x = x.contiguous()
-            xn, stats, ctx.on_kernel = _norm_forward(x, ln_w, ln_b, eps, cd)  # [B, I, J, C]
-            wc = w.to(cd)  # [P, C]: q, k, v, g (H c each), the bias (H), zero padding
-            y = F.linear(xn, wc, None if b is None else b.to(cd))  # [B, I, J, P]
-            q, k, v = (_heads_block(y, t, heads, to) for t in range(3))  # [B, S, H, N, c] views
-            zb = y[..., 4 * H * c : 4 * H * c + H]  # [B, I, J, H]
-            bias = zb.permute(_bias_order(starting)).unsqueeze(1).contiguous()  # [B, 1, H, N, N]
-            o = y.new_empty(B, I, J, H, c)  # the attention output, in the layer's row order
-            res = torch.empty_like(o) if compensate else None
-            lse = torch.empty(B, I if starting else J, H, J if starting else I, device=x.device)
-            res_s = None if res is None else res.permute(to)
-            softmax_scale = 1.0 / math.sqrt(c)
-            attention.forward_into(
-                q, k, v, bias, mask, softmax_scale, compensate, o.permute(to), res_s, lse
-            )
-            wo_c = wo.to(cd)  # [C, H c]
-            bo_c = None if bo is None else bo.to(cd)
-            g_rows, o_rows = _gate_rows(y, heads), o.view(-1, H * c)  # [R, H c]
-            x_res = x if residual else None
-            shape = (B, I, J, wo.shape[0])
-            if _gated_linear.supported(g_rows, o_rows, wo_c, x_res, scale, shape):
-                # the gate, the output projection and the residual add in one pass
-                out = _gated_linear.forward(g_rows, o_rows, wo_c, bo_c, x_res, scale, shape)
-            else:
-                og = _gate.forward(g_rows, o_rows)  # [R, H c]
-                out = F.linear(og, wo_c, bo_c).view(shape)
-                if residual:
-                    out = residual_add(x, out, scale)
-        ctx.save_for_backward(
-            x, *stats, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c, scale
-        )
-        ctx.residual = residual
-        ctx.eps, ctx.heads, ctx.starting, ctx.compensate = eps, heads, starting, compensate
-        ctx.softmax_scale = softmax_scale
-        ctx.bias_cols, ctx.has_out_bias, ctx.w_dtype = bias_cols, bo is not None, w.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        x, mean, rstd, ln_w, ln_b, xn, wc, y, bias, mask, o, res, lse, wo_c, scale = (
-            ctx.saved_tensors
-        )
-        heads = ctx.heads
-        H, c = heads
-        Hc = H * c
-        to, _ = _slice_order(ctx.starting)
-        dz = dout if ctx.residual else None
-        dout = _branch_grad(dout, scale if ctx.residual else None, y.dtype)
-        dog = _rows(dout) @ wo_c  # [R, H c]
-        dy = torch.empty_like(y)  # the stacked projection's gradient, every block written in place
-        _, d_o, og = _gate.backward(
-            _gate_rows(y, heads), o.view(-1, Hc), dog, _gate_rows(dy, heads)
-        )  # dg lands in dy's gate block; d_o, og: [R, H c]
-        dwo, dbo = _weight_grads(dout, og, ctx.w_dtype, ctx.has_out_bias)
-        dq, dk, dv = (_heads_block(dy, t, heads, to) for t in range(3))
-        q, k, v = (_heads_block(y, t, heads, to) for t in range(3))
-        dbias = torch.empty_like(bias)  # [B, 1, H, N, N]
-        res_s = None if res is None else res.permute(to)
-        attention.backward_into(
-            d_o.view(o.shape).permute(to),
-            q,
-            k,
-            v,
-            bias,
-            mask,
-            o.permute(to),
-            res_s,
-            lse,
-            ctx.softmax_scale,
-            ctx.compensate,
-            dq,
-            dk,
-            dv,
-            dbias,
-        )
-        order = _bias_order(ctx.starting)
-        inverse = sorted(range(4), key=order.__getitem__)
-        dy[..., 4 * Hc : 4 * Hc + H].copy_(dbias[:, 0].permute(inverse))
-        dy[..., 4 * Hc + H :].zero_()
-        dxn = dy @ wc  # [B, I, J, C]
-        dw, db = _weight_grads(dy, xn, ctx.w_dtype, ctx.bias_cols)
-        dx, dln_w, dln_b = _norm_backward(ctx, dxn, x, ln_w, ln_b, (mean, rstd), dz)
-        return dx, dln_w, dln_b, None, dw, db, None, dwo, dbo, None, None, None, None, None, None
-
-
-def triangle_attention_layer(
-    x: torch.Tensor,
-    norm: nn.LayerNorm,
-    projections,
-    out: nn.Linear,
-    heads,
-    mask,
-    starting: bool,
-    compensate: bool = True,
-    residual: bool = False,
-    scale=None,
-) -> torch.Tensor:
-    """OpenFold3's TriangleAttention around one node as one autograd node: x [B, I, J, C] ->
-    out(sigmoid(g) * attention(q, k, v, bias)) [B, I, J, C]. projections: the q, k, v, gate and
-    bias nn.Linear layers (stacked into one GEMM); heads: (H, c) with c a head dim the kernels
-    run natively; mask: [B, S, 1, 1, N] bool in the kernel's slice order, or None.
-
-    The attention reads q, k, v from the stacked projection through strides and writes its
-    output in the layer's row order; in the backward the gate and the attention write dg, dq,
-    dk and dv straight into the stacked projection's gradient, so no gradient is copied but the
-    bias's (H values a pair). The saved set is x, norm(x), the projection, the attention output
-    (with its rounding residual) and the contiguous bias. residual=True returns
-    residual_add(x, that, scale), and the backward adds x's pass-through gradient in the
-    LayerNorm backward's pass."""
-    w, b = _stacked(projections, STACK_PAD)
-    return _TriangleAttentionLayer.apply(
-        x,
-        norm.weight,
-        norm.bias,
-        norm.eps,
-        w,
-        b,
-        _bias_cols(projections),
-        out.weight,
-        out.bias,
-        mask,
-        tuple(heads),
-        starting,
-        compensate,
-        residual,
-        scale,
-    )

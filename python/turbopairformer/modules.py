@@ -13,16 +13,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._attention_layer import STACK_PAD, _bias_order, _slice_order, triangle_attention_layer
 from .attention import NATIVE_HEAD_DIMS, triangle_attention
-from .layers import (
-    STACK_PAD,
-    _bias_order,
-    _slice_order,
-    gated_linear,
-    norm_linear,
-    residual_add,
-    triangle_attention_layer,
-)
+from .layers import compiled_nodes, gated_linear, norm_linear, residual_add
 from .trimul import kernel_input, triangle_multiplicative_update
 from .trimul import residual_update as trimul_residual_update
 
@@ -57,9 +50,9 @@ class TriangleAttention(nn.Module):
 
     The LayerNorm feeds one GEMM for q, k, v, the gate and the pair bias; the kernel reads q, k,
     v straight from its output through strides and writes its output in x's row order (the
-    ending node too: no transposed copy of x or of the output). In eager mode the whole layer is
-    one autograd node (layers.triangle_attention_layer) whose backward writes every projection
-    gradient in place. c_hidden is the per-head width (OpenFold3's convention): a multiple of 8 up
+    ending node too: no transposed copy of x or of the output). The whole layer is one node
+    (_attention_layer.triangle_attention_layer) whose backward writes every projection gradient
+    in place. c_hidden is the per-head width (OpenFold3's convention): a multiple of 8 up
     to 128 (16, 32, 64 and 128 run natively, the others zero-padded). mask: [*, I, J], 1 = valid.
     """
 
@@ -83,10 +76,10 @@ class TriangleAttention(nn.Module):
         return self.attend(x, mask, self.starting)
 
     def _fused(self, x: torch.Tensor) -> bool:
-        """Whether the layer runs as one autograd node (layers.triangle_attention_layer): in
-        eager mode, at a head dim the kernels run natively (or on the CPU's reference). Under
-        torch.compile the composed ops below let inductor fuse the glue itself."""
-        if torch.compiler.is_compiling() or x.numel() == 0:
+        """Whether the layer runs as one node (_attention_layer.triangle_attention_layer): at a
+        head dim the kernels run natively (or on the CPU's reference); under torch.compile where
+        layers.compiled_nodes(x), else the composed ops below, which inductor fuses."""
+        if x.numel() == 0 or (torch.compiler.is_compiling() and not compiled_nodes(x)):
             return False
         return not x.is_cuda or self.c_hidden in NATIVE_HEAD_DIMS
 

@@ -20,13 +20,14 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import layers
 from .attention import triangle_attention
+from .layers import _compute_dtype, gated_linear, norm_linear, swiglu_transition
 from .modules import (
     TriangleAttention,
     TriangleMultiplicativeUpdate,
     _GatedAttentionProjections,
 )
-from .layers import _compute_dtype, gated_linear, norm_linear, swiglu_transition
 
 
 def _shared_dropout(x: torch.Tensor, p: float, training: bool, dim: int) -> torch.Tensor:
@@ -224,6 +225,11 @@ class PairformerStack(nn.Module):
         step = self.blocks_per_ckpt
         if step is None or not torch.is_grad_enabled():
             return run(0, len(self.blocks), s, z)
+        compiling = torch.compiler.is_compiling()
+        if compiling:  # the composed ops inside compiled checkpoints (layers.compiled_nodes)
+            layers._IN_COMPILED_CHECKPOINT = True
         for first in range(0, len(self.blocks), step):
             s, z = checkpoint(run, first, first + step, s, z, use_reentrant=False)
+        if compiling:
+            layers._IN_COMPILED_CHECKPOINT = False
         return s, z

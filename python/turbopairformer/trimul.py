@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from . import _calls, _native, _residual
-from .layers import _branch_grad, residual_add
+from .layers import _branch_grad, compiled_nodes, residual_add
 
 _DIRECTIONS = {"outgoing": 0, "incoming": 1}
 WEIGHTS = _native.TRIMUL_WEIGHTS  # the library's order: norm_in_weight, norm_in_bias, ...
@@ -83,7 +83,9 @@ def _fwd_args(rest):
 
 def _fwd(x, mask, *rest):
     weights, direction, eps, save, residual, scale = _fwd_args(rest)
-    out = torch.empty_like(x if residual is None else residual, memory_format=torch.contiguous_format)
+    out = torch.empty_like(
+        x if residual is None else residual, memory_format=torch.contiguous_format
+    )
     saved = _saved_buffer(x, weights[2], save)
     extra = _residual_args(x, residual, scale)
     _call(
@@ -126,14 +128,9 @@ def _bwd_fake(dout, saved, x, mask, *rest):
     ]
 
 
-_trimul_fwd = torch.library.custom_op(
-    "turbopairformer::trimul_fwd", _fwd, mutates_args=(), schema=_FWD_SCHEMA
+_trimul_fwd, _trimul_bwd = _calls.node_ops(
+    ("trimul_fwd", _fwd, _fwd_fake, _FWD_SCHEMA), ("trimul_bwd", _bwd, _bwd_fake, _BWD_SCHEMA)
 )
-_trimul_fwd.register_fake(_fwd_fake)
-_trimul_bwd = torch.library.custom_op(
-    "turbopairformer::trimul_bwd", _bwd, mutates_args=(), schema=_BWD_SCHEMA
-)
-_trimul_bwd.register_fake(_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -231,12 +228,14 @@ def triangle_multiplicative_update(
     return out.squeeze(0) if unbatched else out
 
 
+def _casts(z: torch.Tensor) -> bool:
+    return z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda")
+
+
 def kernel_input(z: torch.Tensor) -> torch.Tensor:
     """The pair tensor as the CUDA kernels take it: bf16 under CUDA autocast (a copy of an fp32
     residual stream), else z itself."""
-    if z.is_cuda and z.dtype != torch.bfloat16 and torch.is_autocast_enabled("cuda"):
-        return z.to(torch.bfloat16)
-    return z
+    return z.to(torch.bfloat16) if _casts(z) else z
 
 
 def _fuses_residual(z: torch.Tensor, x: torch.Tensor, scale: Optional[torch.Tensor]) -> bool:
@@ -247,6 +246,25 @@ def _fuses_residual(z: torch.Tensor, x: torch.Tensor, scale: Optional[torch.Tens
     if not z.is_cuda:
         return z.is_contiguous()
     return _residual._on_kernel(z, x.dtype, scale)
+
+
+def _residual_forward(z, x, scale, mask, weights, direction, eps, save):
+    """(z + scale * update(x), saved set) with autocast off; x = kernel_input(z)."""
+    if _fuses_residual(z, x, scale):
+        return _trimul_fwd(x, mask, *weights, direction, eps, save, z, scale)
+    out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
+    return residual_add(z, out, scale), saved
+
+
+def _residual_backward(dres, saved, x, mask, scale, weights, direction, eps):
+    """(dz, weight gradients, None for absent weights) from the residual's gradient dres."""
+    dout = _branch_grad(dres, scale, x.dtype)
+    # the pass-through gradient joins the update's in the kernel's last pass, in z's dtype
+    if dres.dtype not in (x.dtype, torch.float32):  # e.g. an fp16 z under autocast
+        dres = dres.float()
+    dres = dres if dres.stride(-1) == 1 else dres.contiguous()
+    dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, direction, eps, dres)
+    return dz, [g if w is not None else None for g, w in zip(dw, weights)]
 
 
 class _ResidualUpdate(torch.autograd.Function):
@@ -261,14 +279,9 @@ class _ResidualUpdate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, scale, mask, direction, eps, low_memory, *weights):
         x = kernel_input(z)
-        fused = _fuses_residual(z, x, scale)
         with torch.autocast(z.device.type, enabled=False):
             save = any(t is not None and t.requires_grad for t in [z, *weights]) and not low_memory
-            if fused:
-                result, saved = _trimul_fwd(x, mask, *weights, direction, eps, save, z, scale)
-            else:
-                out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
-                result = residual_add(z, out, scale)
+            result, saved = _residual_forward(z, x, scale, mask, weights, direction, eps, save)
         ctx.save_for_backward(saved, x, mask, scale, *weights)
         ctx.direction, ctx.eps = direction, eps
         return result
@@ -276,14 +289,86 @@ class _ResidualUpdate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dres):
         saved, x, mask, scale, *weights = ctx.saved_tensors
-        dout = _branch_grad(dres, scale, x.dtype)
-        # the pass-through gradient joins the update's in the kernel's last pass, in z's dtype
-        if dres.dtype not in (x.dtype, torch.float32):  # e.g. an fp16 z under autocast
-            dres = dres.float()
-        dres = dres if dres.stride(-1) == 1 else dres.contiguous()
-        dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, ctx.direction, ctx.eps, dres)
-        grads = [g if w is not None else None for g, w in zip(dw, weights)]
+        dz, grads = _residual_backward(dres, saved, x, mask, scale, weights, ctx.direction, ctx.eps)
         return (dz, None, None, None, None, None, *grads)
+
+
+# The same node as custom ops, for torch.compile (layers.compiled_nodes). `cast`: whether x is
+# z's bf16 copy (kernel_input, decided when the graph is traced); the forward returns it
+# (empty where x is z) for the backward.
+_RES_SCHEMA = (
+    f"(Tensor z, Tensor? scale, Tensor? mask, {_W}, int direction, float eps, bool save, "
+    "bool cast) -> (Tensor, Tensor, Tensor)"
+)
+_RES_BWD_SCHEMA = (
+    f"(Tensor dres, Tensor saved, Tensor x, Tensor? mask, Tensor? scale, {_W}, "
+    "int direction, float eps) -> Tensor[]"
+)
+
+
+def _res_op(z, scale, mask, *rest):
+    *weights, direction, eps, save, cast = rest
+    x = z.to(torch.bfloat16) if cast else z
+    with torch.autocast(z.device.type, enabled=False):
+        result, saved = _residual_forward(z, x, scale, mask, weights, direction, eps, save)
+    return result, saved, x if cast else z.new_empty(0)
+
+
+def _res_op_fake(z, scale, mask, *rest):
+    *weights, _direction, _eps, save, cast = rest
+    x = z.new_empty(z.shape, dtype=torch.bfloat16) if cast else z
+    return (
+        torch.empty_like(z, memory_format=torch.contiguous_format),
+        _saved_buffer(x, weights[2], save),
+        (x if cast else z.new_empty(0)),
+    )
+
+
+def _dz_dtype(dres, x):
+    return dres.dtype if dres.dtype in (x.dtype, torch.float32) else torch.float32
+
+
+def _res_bwd_op(dres, saved, x, mask, scale, *rest):
+    """x: the kernel's input (z's bf16 copy, or z)."""
+    *weights, direction, eps = rest
+    with torch.autocast(x.device.type, enabled=False):
+        dz, grads = _residual_backward(dres, saved, x, mask, scale, weights, direction, eps)
+    return [dz] + [g if g is not None else x.new_empty(0) for g in grads]
+
+
+def _res_bwd_op_fake(dres, saved, x, mask, scale, *rest):
+    weights = rest[:-2]
+    return [x.new_empty(x.shape, dtype=_dz_dtype(dres, x))] + [
+        torch.empty_like(w) if w is not None else x.new_empty(0) for w in weights
+    ]
+
+
+_residual_fwd_op, _residual_bwd_op = _calls.node_ops(
+    ("trimul_residual_update", _res_op, _res_op_fake, _RES_SCHEMA),
+    ("trimul_residual_update_bwd", _res_bwd_op, _res_bwd_op_fake, _RES_BWD_SCHEMA),
+)
+
+
+def _res_setup(ctx, inputs, output):
+    z, scale, mask, *rest = inputs
+    *weights, direction, eps, _save, cast = rest
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
+    # the kernel's input, as eager mode keeps it (not z as well, where x is its copy)
+    ctx.save_for_backward(output[1], output[2] if cast else z, mask, scale, *weights)
+    ctx.direction, ctx.eps = direction, eps
+
+
+def _res_autograd(ctx, dres, *_unused):
+    if dres is None:
+        return (None,) * len(ctx.needs_input_grad)
+    saved, x, mask, scale, *weights = ctx.saved_tensors
+    dz, *dw = _residual_bwd_op(dres, saved, x, mask, scale, *weights, ctx.direction, ctx.eps)
+    grads = [g if w is not None else None for g, w in zip(dw, weights)]
+    return (dz, None, None, *grads, None, None, None, None)
+
+
+_residual_fwd_op.register_autograd(_res_autograd, setup_context=_res_setup)
 
 
 def residual_update(
@@ -297,11 +382,19 @@ def residual_update(
 ) -> torch.Tensor:
     """z + scale * triangle_multiplicative_update(z, direction, mask, eps, ...) for a batched
     z [B, N, N, C] (scale: None or broadcastable to z, e.g. a shared dropout mask) as one
-    autograd node in eager mode; the composed ops under torch.compile and for empty inputs."""
-    if torch.compiler.is_compiling() or z.numel() == 0:
+    autograd node in eager mode, and under torch.compile as its custom ops where
+    layers.compiled_nodes(z); else (and for empty inputs) the composed ops."""
+    compiling = torch.compiler.is_compiling()
+    if z.numel() == 0 or (compiling and not compiled_nodes(z)):
         out = triangle_multiplicative_update(
             kernel_input(z), direction, mask, eps, low_memory=low_memory, **weights
         )
         return residual_add(z, out, scale)
     w = [weights.get(n) for n in WEIGHTS]
+    if compiling:
+        cast = _casts(z)
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [z, *w])
+        return _residual_fwd_op(
+            z, scale, mask, *w, _DIRECTIONS[direction], float(eps), grad and not low_memory, cast
+        )[0]
     return _ResidualUpdate.apply(z, scale, mask, _DIRECTIONS[direction], float(eps), low_memory, *w)
