@@ -59,11 +59,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 # Under torch.compile the pair modules' nodes run as their custom ops (the same kernels and
 # saved sets as in eager mode) from this many pairs (the whole batch's) up, and below it as the
-# composed ops, which inductor fuses. Each node's host work (the Python between its kernels: ~1 ms for
-# the attention layer's backward) is what decides: at N = 384 the nodes inside a compiled block
-# measured slower (docs/perf-notes.md, 2026-12-04, fifth session), while at N = 768 the compiled
-# block (composed ops) is 1.9 ms slower than the eager one (nodes; pairformer.md). The
-# crossover between them is not measured: 640^2 keeps N <= 512 on the measured side.
+# composed ops, which inductor fuses. Each node's host work (the Python between its kernels: ~1 ms
+# for the attention layer's backward) is what decides: with the nodes the compiled block measured
+# slower at N = 384 and 512 and faster at 768 (docs/perf-notes.md, fourteenth and fifteenth
+# sessions); 640^2 lies between the measured sizes.
 COMPILED_NODE_MIN_PAIRS = 640 * 640
 
 # Set by PairformerStack while dynamo traces its checkpointed blocks: there the composed ops run.
