@@ -66,11 +66,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 COMPILED_NODE_MIN_PAIRS = 640 * 640
 
 # Set by PairformerStack while dynamo traces its checkpointed blocks: there the composed ops run.
-# Inside a compiled activation checkpoint the nodes' forward ops are recomputed in the backward
-# graph, and inductor's peak-memory reordering (reorder_for_peak_memory, on by default) moves
-# every block's recompute to the start of the backward, so that all blocks' saved sets live at
-# once (a 4-block stack at N = 768 peaked at 27.5 GiB against 11.0 with the composed ops:
-# docs/perf-notes.md, 2026-12-05).
+# With the nodes inside its compiled checkpoints a 4-block stack at N = 768 peaked at 27.5 GiB
+# on the H200 against 11.0 with the composed ops, as if every block's saved sets lived at once
+# (docs/perf-notes.md, fourteenth and fifteenth sessions). The cause is not isolated: on the CPU
+# the compiled backward recomputes the nodes block by block.
 _IN_COMPILED_CHECKPOINT = False
 
 

@@ -94,9 +94,9 @@ def test_compiled_nodes_threshold():
 
 @pytest.mark.parametrize("blocks_per_ckpt", [1, None])
 def test_compiled_stack_runs_the_nodes_outside_checkpoints_only(nodes_always, blocks_per_ckpt):
-    """Inside the stack's compiled activation checkpoints the composed ops run: there inductor
-    would move every block's recomputed nodes to the start of the backward (all saved sets live
-    at once). Without checkpoints the nodes run; either way the gradients match eager's."""
+    """Inside the stack's compiled activation checkpoints the composed ops run (with the nodes
+    there the compiled stack held every block's saved sets at once on the H200). Without
+    checkpoints the nodes run; either way the gradients match eager's."""
     torch.manual_seed(0)
     N = 7
     stack = pairformer.PairformerStack(
