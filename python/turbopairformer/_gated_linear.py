@@ -1,7 +1,8 @@
 """The library's fused gated output projection (turbopairformer/gated_linear.h) for the attention
 layer's node: out = x + scale * (sigmoid(g) * o) W^T + b in one pass, the gated activation never
 written. Built for 128 gate channels and 128 output channels in bf16 on sm_90; other cases take
-the unfused path (_attention_layer._TriangleAttentionLayer), and the backward is always the unfused one."""
+the unfused path (_attention_layer._TriangleAttentionLayer), and the backward is always the
+unfused one."""
 
 from __future__ import annotations
 

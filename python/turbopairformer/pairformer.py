@@ -225,11 +225,9 @@ class PairformerStack(nn.Module):
         step = self.blocks_per_ckpt
         if step is None or not torch.is_grad_enabled():
             return run(0, len(self.blocks), s, z)
-        compiling = torch.compiler.is_compiling()
-        if compiling:  # the composed ops inside compiled checkpoints (layers.compiled_nodes)
-            layers._IN_COMPILED_CHECKPOINT = True
+        # the composed ops inside compiled checkpoints (layers.compiled_nodes)
+        layers._IN_COMPILED_CHECKPOINT = torch.compiler.is_compiling()
         for first in range(0, len(self.blocks), step):
             s, z = checkpoint(run, first, first + step, s, z, use_reentrant=False)
-        if compiling:
-            layers._IN_COMPILED_CHECKPOINT = False
+        layers._IN_COMPILED_CHECKPOINT = False
         return s, z

@@ -200,9 +200,8 @@ def triangle_multiplicative_update(
     the forward; under torch.no_grad() (or with nothing requiring grad) it keeps nothing.
     low_memory=True keeps nothing in training too: the backward then recomputes the forward
     (its triangle product takes bf16 operands) and walks its last stages in pixel chunks, for
-    crops where memory binds: on an H200 the peak of one forward + backward fell from 3.6 to
-    2.7 GiB at N = 768 and from 101 to 74 GiB at N = 4096, for 44% / 28% more time, before its
-    buffers overlaid the recomputed set, which the planner puts at 1.7 and 45 GiB (README)."""
+    crops where memory binds: on an H200 the peak of one forward + backward is 1.65 GiB at
+    N = 768 and 45 GiB at N = 4096, against 3.6 and 101 GiB, for 32% / 27% more time (README)."""
     if direction not in _DIRECTIONS:
         raise ValueError(
             f"turbopairformer: argument 'direction': expected 'outgoing' or "
