@@ -28,7 +28,13 @@
 #                                             update N = 256-4096, both directions, bf16 and fp32
 #                                             weights), cut at BUDGET seconds (default 420);
 #                                             after peers, with PY=$TPF_VENV/bin/python
-#   scripts/device.sh pairformer [DIR] [N]    the Pairformer training step, ours and plain PyTorch
+#   scripts/device.sh pairformer [FROM] [N] [BUDGET]  the Pairformer training step, every
+#                                             installed backend, eager and compiled (default N:
+#                                             256-1024), into $OUT/pairformer: it continues the
+#                                             table in FROM (default bench/results/h200/
+#                                             pairformer_sweep; --resume) and starts no case
+#                                             after BUDGET s (default 480). Copy $OUT/pairformer
+#                                             back to FROM and call again until nothing is left
 #   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
 #   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
 #
@@ -167,7 +173,11 @@ PY
       --budget "${2:-420}" --out "${1:-bench/results/h200}/report"
     ;;
   pairformer)
-    "$PY" -m turbopairformer.bench --pairformer --n "${2:-384,768}" --out "${1:-bench/results/h200}"
+    from=${1:-bench/results/h200/pairformer_sweep}
+    mkdir -p "$OUT/pairformer"
+    [ -f "$from/pairformer.json" ] && cp "$from/pairformer.json" "$OUT/pairformer/"
+    "$PY" -m turbopairformer.bench --pairformer --n "${2:-256,384,512,640,768,1024}" --resume \
+      --budget "${3:-480}" --out "$OUT/pairformer"
     ;;
   peaked-accuracy)
     "$PY" -m turbopairformer.bench --attention-accuracy "${2:-256,384}" --d 16,32 --out "${1:-bench/results/h200}"

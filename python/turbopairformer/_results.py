@@ -5,18 +5,28 @@ table's own lines)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+
+def _replace(path: Path, text: str):
+    """Writes text to path through a temporary file beside it: a call killed while writing
+    leaves the previous file whole (a --resume reads it back)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def write_tables(
     out_dir: Path, stem: str, gpu: str, command: str, rows, title: str, lines, extra=None
 ):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(
-        json.dumps({"gpu": gpu, "command": command, "rows": rows, **(extra or {})}, indent=1)
+    _replace(
+        out_dir / f"{stem}.json",
+        json.dumps({"gpu": gpu, "command": command, "rows": rows, **(extra or {})}, indent=1),
     )
     head = [f"# {title} ({gpu})", "", f"`{command}`", ""]
-    (out_dir / f"{stem}.md").write_text("\n".join(head + list(lines)) + "\n")
+    _replace(out_dir / f"{stem}.md", "\n".join(head + list(lines)) + "\n")
 
 
 def doc_table(doc: str, header, rows) -> list:

@@ -845,6 +845,13 @@ def main(argv=None):
         "--modes", default="eager,compile", help="with --pairformer: eager, compile or both"
     )
     ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --pairformer: keep the cases already in --out's pairformer.json (measured, or "
+        "out of memory) and run only the others, adding this call's command to the table's; "
+        "a sweep longer than one session's call is the same command run again",
+    )
+    ap.add_argument(
         "--backends",
         default=None,
         help="a comma list of backends to run (default: every one available); with --pairformer "
@@ -889,6 +896,8 @@ def main(argv=None):
         help="seconds; cases not started by then are recorded as skipped",
     )
     args = ap.parse_args(argv)
+    if args.resume and (not args.pairformer or args.breakdown):
+        ap.error("--resume continues a --pairformer table (not --breakdown)")
     if args.replot and Path(args.replot).stem in (
         "attention_accuracy_peaked",
         "pairformer_breakdown",
@@ -975,7 +984,9 @@ def main(argv=None):
             bench_pairformer.breakdown(Ns, out, gpu, command, only=backends)
             print(f"written {out}/pairformer_breakdown.md")
             return
-        bench_pairformer.run(Ns, args.modes.split(","), out, gpu, command, backends)
+        bench_pairformer.run(
+            Ns, args.modes.split(","), out, gpu, command, backends, args.resume, args.budget
+        )
         print(f"written {out}/pairformer.md")
         return
     if args.head_dims:

@@ -22,6 +22,7 @@ mode.
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ import torch
 from ._results import write_tables
 
 PAD = 0.05
+_now = time.monotonic  # the --budget clock
 
 
 def _backends():
@@ -223,7 +225,41 @@ def _stack_case(stack_cls, mode, weights, inputs, iters):
     }
 
 
-def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None):
+def _kept_rows(out_dir: Path, gpu: str):
+    """--resume: the rows and commands of the pairformer.json already in out_dir. Kept: measured
+    cases and those that ran out of memory (a property of the size, not of the call); dropped,
+    so that this call runs them again: failures, budget stops and the unavailable-backend rows
+    (this call says again which backends it lacks)."""
+    path = out_dir / "pairformer.json"
+    if not path.exists():
+        return [], []
+    try:
+        data = json.loads(path.read_text())
+        rows, commands = data["rows"], data.get("commands") or [data["command"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"turbopairformer.bench: --resume cannot read {path} ({type(e).__name__}: {e}); "
+            "move it away to start a fresh run"
+        ) from None
+    if data.get("gpu") != gpu:
+        raise SystemExit(
+            f"turbopairformer.bench: --resume: {path} was measured on {data.get('gpu')!r}, this "
+            f"is {gpu!r}; one table holds one GPU's runs (use another --out)"
+        )
+    kept = [
+        dict(r, call=r.get("call", 0))
+        for r in rows
+        if r.get("N") != "-" and r.get("status", "out of memory") == "out of memory"
+    ]
+    return kept, commands
+
+
+def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=False, budget=None):
+    """Every (N, mode, backend) case, smallest N first, the table rewritten after each so that
+    a killed call loses only the case it was in. resume: keep the cases out_dir's table already
+    holds (_kept_rows) and run the others, this call's command appended to the table's; budget:
+    seconds after which no case starts (the rest are recorded as stopped, for a later
+    --resume)."""
     from .reference import OpenFold3PairFormerBlock
 
     backends = _backends()
@@ -235,31 +271,70 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None):
                 f"choose from {', '.join(backends)}"
             )
         backends = {b: f for b, f in backends.items() if b in only}
+    kept, commands = _kept_rows(out_dir, gpu) if resume else ([], [])
+    call = len(commands)
+    commands = commands + [command]
+    done = {(r["backend"], r["mode"], r["N"]) for r in kept}
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
-    rows = [
-        {"backend": b, "mode": "-", "N": "-", "status": why}
+    rows = kept + [
+        {"backend": b, "mode": "-", "N": "-", "status": why, "call": call}
         for b, why in backends.items()
-        if isinstance(why, str)
+        if isinstance(why, str) and not any(r["backend"] == b for r in kept)
     ]
     cases = [
-        (b, m, N) for N in Ns for m in modes for b, f in backends.items() if not isinstance(f, str)
+        (b, m, N)
+        for N in Ns
+        for m in modes
+        for b, f in backends.items()
+        if not isinstance(f, str) and (b, m, N) not in done
     ]
+    if done:
+        print(
+            f"--resume: {len(done)} case(s) kept from {out_dir / 'pairformer.json'}",
+            file=sys.stderr,
+        )
+    deadline = None if budget is None else _now() + budget
     for i, (b, m, N) in enumerate(cases):
+        if deadline is not None and _now() > deadline:
+            rows += [
+                {
+                    "backend": b2,
+                    "mode": m2,
+                    "N": N2,
+                    "status": f"stopped: --budget {budget:g} s reached",
+                    "call": call,
+                }
+                for b2, m2, N2 in cases[i:]
+            ]
+            break
         print(f"[{i + 1}/{len(cases)}] {b} {m} N={N}", file=sys.stderr, flush=True)
         try:
-            rows.append(measure(b, m, N, weights))
+            row = measure(b, m, N, weights)
         except torch.cuda.OutOfMemoryError:
-            rows.append({"backend": b, "mode": m, "N": N, "status": "out of memory"})
+            row = {"backend": b, "mode": m, "N": N, "status": "out of memory"}
             torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - one failing backend never stops the run
             msg = str(e).splitlines()[0][:120] if str(e) else ""
-            rows.append(
-                {"backend": b, "mode": m, "N": N, "status": f"failed: {type(e).__name__}: {msg}"}
-            )
+            row = {"backend": b, "mode": m, "N": N, "status": f"failed: {type(e).__name__}: {msg}"}
             torch.cuda.empty_cache()
-        write(rows, out_dir, gpu, command)  # partial results survive a kill
+        rows.append(dict(row, call=call))
+        write(_ordered(rows, Ns), out_dir, gpu, commands)  # partial results survive a kill
+    rows = _ordered(rows, Ns)
+    write(rows, out_dir, gpu, commands)
     return rows
+
+
+def _ordered(rows, Ns):
+    """The table's order whatever the calls' order: unavailable backends first, then by N, mode
+    (eager first) and backend (ours first)."""
+
+    def key(r):
+        if r["N"] == "-":
+            return (0, 0, 0, r["backend"])
+        return (1, r["N"], r["mode"] != "eager", r["backend"] != "turbopairformer", r["backend"])
+
+    return sorted(rows, key=key)
 
 
 COLUMNS = (
@@ -278,12 +353,21 @@ COLUMNS = (
 )
 
 
-def write(rows, out_dir: Path, gpu: str, command: str):
+def write(rows, out_dir: Path, gpu: str, commands):
+    """pairformer.{json,md,png}. commands: the command of each call that made rows (a row's
+    "call" indexes it; rows without one are the first call's), or one command."""
+    commands = [commands] if isinstance(commands, str) else list(commands)
+    calls = []
+    if len(commands) > 1:
+        calls = ["Calls, in order (a row's call is its index):", ""]
+        calls += [f"{i}. `{c}`" for i, c in enumerate(commands)] + [""]
+    columns = COLUMNS + (("call",) if calls else ())
     lines = [
         __doc__.split("\n\n", 2)[2].strip(),
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        *calls,
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
     for r in rows:
         if "status" in r:
@@ -303,8 +387,12 @@ def write(rows, out_dir: Path, gpu: str, command: str):
                 "yes" if r["grads_bitwise_repeatable"] else "NO",
                 r["first_call_s"],
             ]
+        if calls:
+            cells.append(r.get("call", 0))
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    write_tables(out_dir, "pairformer", gpu, command, rows, "Pairformer training step", lines)
+    head = commands[0] if not calls else f"{len(commands)} calls (--resume), listed below"
+    extra = {"commands": commands} if calls else None
+    write_tables(out_dir, "pairformer", gpu, head, rows, "Pairformer training step", lines, extra)
     try:
         plot(rows, out_dir)
     except Exception as e:  # noqa: BLE001 - the plot is optional (matplotlib)

@@ -391,3 +391,101 @@ def test_trimul_report_takes_fp32_weights_with_the_same_values():
     assert all(w32[k].dtype == torch.float32 and torch.equal(w32[k], w16[k].float()) for k in w16)
     with pytest.raises(SystemExit, match="--trimul-weights takes bf16, fp32"):
         bench.main(["--trimul-weights", "fp8"])
+
+
+def _fake_pairformer(monkeypatch, calls, oom=()):
+    """bench_pairformer.run with the CUDA parts stubbed: each measured case is recorded in
+    calls and returns a row; cases in oom raise CUDA's out-of-memory error."""
+    import torch
+
+    from turbopairformer import bench_pairformer as bp
+
+    clock = [0.0]
+    monkeypatch.setattr(bp, "_now", lambda: clock[0])
+
+    def measure(b, m, N, weights):  # each case takes 10 s of the budget's clock
+        clock[0] += 10
+        calls.append((b, m, N))
+        if (b, m, N) in oom:
+            raise torch.cuda.OutOfMemoryError("fake")
+        return {
+            "backend": b,
+            "mode": m,
+            "N": N,
+            "first_call_s": 0.1,
+            "block_fwd_bwd_ms": float(N),
+            "pair_fwd_bwd_ms": float(N) / 2,
+            "block_peak_gib": 1.0,
+            "stack4_step_ms": 4.0 * N,
+            "stack4_peak_gib": 2.0,
+            "z_rel_err_vs_fp32": 1e-3,
+            "s_rel_err_vs_fp32": 1e-3,
+            "grads_bitwise_repeatable": True,
+        }
+
+    monkeypatch.setattr(bp, "measure", measure)
+    monkeypatch.setattr(
+        bp,
+        "_backends",
+        lambda: {
+            "turbopairformer": (None, None),
+            "pytorch": (None, None),
+            "trifast": "not installed",
+        },
+    )
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    return bp
+
+
+def test_pairformer_sweep_resumes_where_the_last_call_stopped(tmp_path, monkeypatch):
+    """A sweep longer than one call: the first call stops at its budget (the unstarted cases
+    recorded as stopped), the second, the same command with --resume, runs only what is missing
+    or failed, keeps the out-of-memory row, and the table lists both calls and orders rows by N,
+    mode, ours first."""
+    calls = []
+    bp = _fake_pairformer(monkeypatch, calls, oom={("pytorch", "eager", 512)})
+    rows = bp.run([256, 512], ["eager"], tmp_path, "GPU", "cmd 1", budget=15)
+    assert calls == [("turbopairformer", "eager", 256), ("pytorch", "eager", 256)]
+    assert [r.get("status", "") for r in rows if r["N"] == 512] == [
+        "stopped: --budget 15 s reached"
+    ] * 2
+    assert (tmp_path / "pairformer.json").exists() and not (
+        tmp_path / "pairformer.json.tmp"
+    ).exists()
+
+    calls.clear()
+    rows = bp.run([256, 512], ["eager"], tmp_path, "GPU", "cmd 2", resume=True)
+    assert calls == [("turbopairformer", "eager", 512), ("pytorch", "eager", 512)]
+    assert [(r["backend"], r["N"], r.get("status"), r["call"]) for r in rows] == [
+        ("trifast", "-", "not installed", 1),
+        ("turbopairformer", 256, None, 0),
+        ("pytorch", 256, None, 0),
+        ("turbopairformer", 512, None, 1),
+        ("pytorch", 512, "out of memory", 1),
+    ]
+    data = json.loads((tmp_path / "pairformer.json").read_text())
+    assert data["commands"] == ["cmd 1", "cmd 2"] and len(data["rows"]) == 5
+    md = (tmp_path / "pairformer.md").read_text()
+    assert "0. `cmd 1`" in md and "1. `cmd 2`" in md and "| call |" in md
+    assert "| turbopairformer | eager | 512 | 512.00 | 256.00 |" in md
+
+    calls.clear()  # a third call: nothing left but the out-of-memory row, which is kept
+    bp.run([256, 512], ["eager"], tmp_path, "GPU", "cmd 3", resume=True)
+    assert calls == []
+    assert json.loads((tmp_path / "pairformer.json").read_text())["commands"][-1] == "cmd 3"
+
+
+def test_pairformer_resume_refuses_another_gpu_or_a_broken_table(tmp_path, monkeypatch):
+    bp = _fake_pairformer(monkeypatch, [])
+    bp.run([256], ["eager"], tmp_path, "GPU A", "cmd 1")
+    with pytest.raises(SystemExit, match="measured on 'GPU A'"):
+        bp.run([256], ["eager"], tmp_path, "GPU B", "cmd 2", resume=True)
+    (tmp_path / "pairformer.json").write_text('{"rows": [')
+    with pytest.raises(SystemExit, match="cannot read"):
+        bp.run([256], ["eager"], tmp_path, "GPU A", "cmd 2", resume=True)
+
+
+def test_resume_is_refused_outside_the_pairformer_table():
+    with pytest.raises(SystemExit):
+        bench.main(["--resume", "--n", "256"])
