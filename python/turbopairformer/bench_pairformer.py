@@ -225,14 +225,21 @@ def _stack_case(stack_cls, mode, weights, inputs, iters):
     }
 
 
+# A case's row while it runs: what the table says if the call is killed before the case ends.
+RUNNING = "not finished: the call stopped while it ran"
+# A case killed in two calls is not tried again (it needs more than a call has left).
+GAVE_UP = "not finished in two calls (longer than a call's time left)"
+
+
 def _kept_rows(out_dir: Path, gpu: str):
-    """--resume: the rows and commands of the pairformer.json already in out_dir. Kept: measured
-    cases and those that ran out of memory (a property of the size, not of the call); dropped,
-    so that this call runs them again: failures, budget stops and the unavailable-backend rows
-    (this call says again which backends it lacks)."""
+    """--resume: the rows and commands of the pairformer.json already in out_dir, and the cases
+    to run again that a killed call left unfinished once ({case: kills}). Kept: measured cases,
+    those that ran out of memory (a property of the size, not of the call) and those killed in two
+    calls; dropped, so that this call runs them again: failures, budget stops, cases killed once
+    and the unavailable-backend rows (this call says again which backends it lacks)."""
     path = out_dir / "pairformer.json"
     if not path.exists():
-        return [], []
+        return [], [], {}
     try:
         data = json.loads(path.read_text())
         rows, commands = data["rows"], data.get("commands") or [data["command"]]
@@ -246,20 +253,28 @@ def _kept_rows(out_dir: Path, gpu: str):
             f"turbopairformer.bench: --resume: {path} was measured on {data.get('gpu')!r}, this "
             f"is {gpu!r}; one table holds one GPU's runs (use another --out)"
         )
-    kept = [
-        dict(r, call=r.get("call", 0))
-        for r in rows
-        if r.get("N") != "-" and r.get("status", "out of memory") == "out of memory"
-    ]
-    return kept, commands
+    kept, retry = [], {}
+    for r in rows:
+        if r.get("N") == "-":
+            continue
+        r = dict(r, call=r.get("call", 0))
+        if r.get("status") == RUNNING:
+            kills = r.get("kills", 0) + 1
+            if kills < 2:
+                retry[(r["backend"], r["mode"], r["N"])] = kills
+                continue
+            r.update(status=GAVE_UP, kills=kills)
+        if r.get("status", "out of memory") in ("out of memory", GAVE_UP):
+            kept.append(r)
+    return kept, commands, retry
 
 
 def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=False, budget=None):
-    """Every (N, mode, backend) case, smallest N first, the table rewritten after each so that
-    a killed call loses only the case it was in. resume: keep the cases out_dir's table already
-    holds (_kept_rows) and run the others, this call's command appended to the table's; budget:
-    seconds after which no case starts (the rest are recorded as stopped, for a later
-    --resume)."""
+    """Every (N, mode, backend) case, smallest N first, the table rewritten before and after
+    each, so that a killed call loses only the case it was in, which its row then says (RUNNING).
+    resume: keep the cases out_dir's table already holds (_kept_rows) and run the others, this
+    call's command appended to the table's; budget: seconds after which no case starts (the rest
+    are recorded as stopped, for a later --resume)."""
     from .reference import OpenFold3PairFormerBlock
 
     backends = _backends()
@@ -271,7 +286,7 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
                 f"choose from {', '.join(backends)}"
             )
         backends = {b: f for b, f in backends.items() if b in only}
-    kept, commands = _kept_rows(out_dir, gpu) if resume else ([], [])
+    kept, commands, retry = _kept_rows(out_dir, gpu) if resume else ([], [], {})
     call = len(commands)
     commands = commands + [command]
     done = {(r["backend"], r["mode"], r["N"]) for r in kept}
@@ -309,6 +324,13 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
             ]
             break
         print(f"[{i + 1}/{len(cases)}] {b} {m} N={N}", file=sys.stderr, flush=True)
+        marker = {"backend": b, "mode": m, "N": N, "status": RUNNING, "call": call}
+        write(
+            _ordered(rows + [dict(marker, kills=retry.get((b, m, N), 0))], Ns),
+            out_dir,
+            gpu,
+            commands,
+        )
         try:
             row = measure(b, m, N, weights)
         except torch.cuda.OutOfMemoryError:

@@ -489,3 +489,37 @@ def test_pairformer_resume_refuses_another_gpu_or_a_broken_table(tmp_path, monke
 def test_resume_is_refused_outside_the_pairformer_table():
     with pytest.raises(SystemExit):
         bench.main(["--resume", "--n", "256"])
+
+
+def test_pairformer_case_killed_mid_run_is_retried_once_then_given_up(tmp_path, monkeypatch):
+    """A call killed while a case runs (a device's time limit) leaves that case's row saying so;
+    --resume runs it again once, first among what is left, and after a second kill keeps the row
+    as given up, so that later calls go on with the other cases."""
+    calls = []
+    bp = _fake_pairformer(monkeypatch, calls)
+    inner = bp.measure
+
+    def measure(b, m, N, weights):
+        if (b, N) == ("pytorch", 512):
+            calls.append((b, m, N))
+            raise KeyboardInterrupt  # as a SIGTERM ends the process: nothing after it runs
+        return inner(b, m, N, weights)
+
+    monkeypatch.setattr(bp, "measure", measure)
+    for attempt in (1, 2):
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            bp.run([256, 512, 768], ["eager"], tmp_path, "GPU", f"cmd {attempt}", resume=True)
+        assert calls[-1] == ("pytorch", "eager", 512)
+        rows = json.loads((tmp_path / "pairformer.json").read_text())["rows"]
+        (killed,) = [r for r in rows if r.get("status") == bp.RUNNING]
+        assert (killed["backend"], killed["N"], killed["kills"]) == ("pytorch", 512, attempt - 1)
+        assert not any(r["N"] == 768 for r in rows)  # the call died before them
+    calls.clear()
+    rows = bp.run([256, 512, 768], ["eager"], tmp_path, "GPU", "cmd 3", resume=True)
+    assert calls == [("turbopairformer", "eager", 768), ("pytorch", "eager", 768)]
+    (gave_up,) = [r for r in rows if r["backend"] == "pytorch" and r["N"] == 512]
+    assert gave_up["status"] == bp.GAVE_UP and gave_up["kills"] == 2
+    assert sum("status" not in r for r in rows) == 5  # every other case measured once
+    md = (tmp_path / "pairformer.md").read_text()
+    assert f"| pytorch | eager | 512 | {bp.GAVE_UP} |" in md
