@@ -7,9 +7,10 @@
 --op trimul (default): the multiplicative update's bytes a pair, B = 1, C = Ch = 128: the saved
 set plus the backward's workspace (saving mode) and the backward's workspace alone (low-memory
 mode), with the predicted peak of a forward + backward (as the bench measures it: above the
-inputs), which adds the op's output and dz (bf16: 512 bytes a pair). For main's library at
-N = 768 that is 3710 MiB saving and 2.67 GiB low-memory, against 3712 MiB and 2.67 GiB
-measured on the H200 (trimul_compare/report.md, trimul_low_memory.txt).
+inputs), which adds the op's output and dz (bf16: 512 bytes a pair). Its predictions have
+matched every measured peak to the MiB: at N = 768, 3710 MiB saving against 3712 measured
+(trimul_compare/report.md), and 1694 MiB low-memory against 1.65 GiB
+(trimul_low_memory_overlays.txt, library ab4780b).
 --op attention: the triangle attention backward's workspace (MiB) at the Pairformer's shape,
 B = 1, H = 4, D = 32, S = N, bf16 with a bf16 bias.
 
