@@ -887,7 +887,7 @@ def main(argv=None):
         metavar="REPORT_JSON",
         default=None,
         help="rewrite the Markdown and the plots from an earlier report.json, "
-        "attention_accuracy_peaked.json or pairformer_breakdown.json, then stop",
+        "attention_accuracy_peaked.json, pairformer.json or pairformer_breakdown.json, then stop",
     )
     ap.add_argument(
         "--budget",
@@ -900,6 +900,7 @@ def main(argv=None):
         ap.error("--resume continues a --pairformer table (not --breakdown)")
     if args.replot and Path(args.replot).stem in (
         "attention_accuracy_peaked",
+        "pairformer",
         "pairformer_breakdown",
     ):
         from . import bench_accuracy, bench_pairformer
@@ -908,6 +909,9 @@ def main(argv=None):
         out = Path(args.out or Path(args.replot).parent)
         if Path(args.replot).stem == "attention_accuracy_peaked":
             bench_accuracy.write(data["rows"], out, data["gpu"], data["command"])
+        elif Path(args.replot).stem == "pairformer":
+            commands = data.get("commands") or data["command"]
+            bench_pairformer.write(data["rows"], out, data["gpu"], commands)
         else:
             tops = data.get("top_kernels", [])
             bench_pairformer.write_breakdown(data["rows"], tops, out, data["gpu"], data["command"])

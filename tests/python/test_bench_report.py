@@ -523,3 +523,16 @@ def test_pairformer_case_killed_mid_run_is_retried_once_then_given_up(tmp_path, 
     assert sum("status" not in r for r in rows) == 5  # every other case measured once
     md = (tmp_path / "pairformer.md").read_text()
     assert f"| pytorch | eager | 512 | {bp.GAVE_UP} |" in md
+
+
+def test_pairformer_table_replots_from_its_json(tmp_path, monkeypatch):
+    """--replot pairformer.json rewrites the Markdown (and plot) of a resumed table from its
+    JSON alone, every call's command kept."""
+    bp = _fake_pairformer(monkeypatch, [])
+    bp.run([256], ["eager"], tmp_path, "GPU", "cmd 1", budget=0)
+    bp.run([256], ["eager"], tmp_path, "GPU", "cmd 2", resume=True)
+    md = (tmp_path / "pairformer.md").read_text()
+    (tmp_path / "pairformer.md").unlink()
+    bench.main(["--replot", str(tmp_path / "pairformer.json")])
+    assert (tmp_path / "pairformer.md").read_text() == md
+    assert "0. `cmd 1`" in md and "1. `cmd 2`" in md
