@@ -325,12 +325,8 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
             break
         print(f"[{i + 1}/{len(cases)}] {b} {m} N={N}", file=sys.stderr, flush=True)
         marker = {"backend": b, "mode": m, "N": N, "status": RUNNING, "call": call}
-        write(
-            _ordered(rows + [dict(marker, kills=retry.get((b, m, N), 0))], Ns),
-            out_dir,
-            gpu,
-            commands,
-        )
+        case_rows = rows + [dict(marker, kills=retry.get((b, m, N), 0))]
+        write(_ordered(case_rows, Ns), out_dir, gpu, commands, plot_too=False)
         try:
             row = measure(b, m, N, weights)
         except torch.cuda.OutOfMemoryError:
@@ -341,7 +337,7 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
             row = {"backend": b, "mode": m, "N": N, "status": f"failed: {type(e).__name__}: {msg}"}
             torch.cuda.empty_cache()
         rows.append(dict(row, call=call))
-        write(_ordered(rows, Ns), out_dir, gpu, commands)  # partial results survive a kill
+        write(_ordered(rows, Ns), out_dir, gpu, commands, plot_too=False)  # survives a kill
     rows = _ordered(rows, Ns)
     write(rows, out_dir, gpu, commands)
     return rows
@@ -375,9 +371,10 @@ COLUMNS = (
 )
 
 
-def write(rows, out_dir: Path, gpu: str, commands):
-    """pairformer.{json,md,png}. commands: the command of each call that made rows (a row's
-    "call" indexes it; rows without one are the first call's), or one command."""
+def write(rows, out_dir: Path, gpu: str, commands, plot_too=True):
+    """pairformer.{json,md,png} (the plot only with plot_too: the run's last write makes it, and
+    --replot remakes it from the JSON). commands: the command of each call that made rows (a
+    row's "call" indexes it; rows without one are the first call's), or one command."""
     commands = [commands] if isinstance(commands, str) else list(commands)
     calls = []
     if len(commands) > 1:
@@ -415,6 +412,8 @@ def write(rows, out_dir: Path, gpu: str, commands):
     head = commands[0] if not calls else f"{len(commands)} calls (--resume), listed below"
     extra = {"commands": commands} if calls else None
     write_tables(out_dir, "pairformer", gpu, head, rows, "Pairformer training step", lines, extra)
+    if not plot_too:
+        return
     try:
         plot(rows, out_dir)
     except Exception as e:  # noqa: BLE001 - the plot is optional (matplotlib)
