@@ -7,6 +7,10 @@ import pytest
 
 pytest.importorskip("torch", reason="PyTorch is not importable here")
 
+# The Pairformer cases run their training step under CUDA autocast, which PyTorch turns off (with
+# a warning) on a machine without CUDA, where these tests run it on the CPU.
+pytestmark = pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")
+
 from turbopairformer import bench
 
 
