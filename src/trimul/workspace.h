@@ -15,11 +15,11 @@ namespace tpf::trimul {
 struct WgradSplit {
   int64_t chunk, parts;
 };
-inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
+inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols, int64_t min_rows = kWgradMinRows) {
   const int64_t tiles = ((rows + GemmConfig::kBlockM - 1) / GemmConfig::kBlockM) *
                         ((cols + GemmConfig::kBlockN - 1) / GemmConfig::kBlockN);
   const int64_t want = std::max<int64_t>(1, kWgradTargetBlocks / tiles);
-  int64_t chunk = std::max<int64_t>(kWgradMinRows, (M + want - 1) / want);
+  int64_t chunk = std::max<int64_t>(min_rows, (M + want - 1) / want);
   // a whole number of k-steps and of output row tiles (a pixel chunk of the backward's tail
   // starts on a row tile: workspace.h's tail_rows)
   static_assert(GemmConfig::kBlockM % GemmConfig::kBlockK == 0, "row tiles hold whole k-steps");
@@ -75,6 +75,7 @@ struct Workspace {
   // [M][C]: the gate columns for every pixel, when dlin holds a chunk of the tail (else null)
   void *dlin = nullptr, *dgate = nullptr;
   int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
+  int64_t tail_parts = 0;  // dW_in's split-K chunks in a tail chunk: its partials, summed into g_in after each
   // The recomputing backward's layout (plan_recompute): x̂_in's copies for the tail
   // remade per chunk of tail_rows pixels into tail_xhat ([tail_rows][C] fp16) and tail_xhat_bf
   // ([tail_rows][2C]); xhat_row0: the pixel of xhat_in's and xhat_in_bf's row 0 as the tail reads
@@ -267,9 +268,12 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   }
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
-  w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
-  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * P);
-  w.part_in_lo = a.take_f32(w.split_in_lo.parts * d.C * 4 * d.Ch);
+  // rows: dy's high then low parts
+  w.split_out = wgrad_split(M, 2 * d.C, d.Ch, from_saved ? kWgradMinRows : kWgradMinRowsLowMemory);
+  // dW_in's partials for one tail chunk at a time (all of them where the tail is one chunk)
+  w.tail_parts = (w.tail_rows + w.split_in.chunk - 1) / w.split_in.chunk;
+  w.part_in = a.take_f32(w.tail_parts * 2 * d.C * P);
+  w.part_in_lo = a.take_f32(w.tail_parts * d.C * 4 * d.Ch);
   w.part_out = a.take_f32(w.split_out.parts * 2 * d.C * d.Ch);
   w.g_in = a.take_f32(P * d.C);
   w.g_in_lo = a.take_f32(4 * d.Ch * d.C);

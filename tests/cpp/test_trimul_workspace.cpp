@@ -55,8 +55,8 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
       {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
       {"colsum_dy", w.colsum_dy, mt * d.C * 4, false}, {"colsum_lin", w.colsum_lin, mt * P * 4, false},
-      {"part_in", w.part_in, w.split_in.parts * 2 * d.C * P * 4, false},
-      {"part_in_lo", w.part_in_lo, w.split_in_lo.parts * d.C * 4 * d.Ch * 4, false},
+      {"part_in", w.part_in, w.tail_parts * 2 * d.C * P * 4, false},
+      {"part_in_lo", w.part_in_lo, w.tail_parts * d.C * 4 * d.Ch * 4, false},
       {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4, false},
       {"g_in", w.g_in, P * d.C * 4, false},
       {"g_in_lo", w.g_in_lo, 4 * d.Ch * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
@@ -175,6 +175,10 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
       // dgate exactly when dlin holds fewer rows than the pixels
       EXPECT_EQ(w.split_in_lo.chunk, w.split_in.chunk);
       EXPECT_TRUE(w.tail_rows == d.M() || w.tail_rows % w.split_in.chunk == 0);
+      // dW_in's partials hold one tail chunk's split-K chunks (every one where the tail is whole)
+      EXPECT_GE(w.tail_parts * w.split_in.chunk, w.tail_rows);
+      EXPECT_LT((w.tail_parts - 1) * w.split_in.chunk, w.tail_rows);
+      if (w.tail_rows == d.M()) EXPECT_EQ(w.tail_parts, w.split_in.parts);
       EXPECT_EQ(w.dgate != nullptr, w.tail_rows < d.M() || w.xhat_per_chunk);
       if (d.C > GemmConfig::kBlockN) EXPECT_EQ(w.tail_rows, d.M());
       // the overlays: only in the recomputing backward, where both LayerNorm backwards are fused
@@ -194,8 +198,14 @@ TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
     EXPECT_EQ(saving.tail_rows, d.M());
     const int64_t dgate = low.tail_rows < d.M() ? d.M() * d.C * 2 : 0;
     const int64_t dlin_saved = (d.M() - low.tail_rows) * d.dlin_cols() * 2 - dgate;
-    EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)), static_cast<double>(low.bytes + dlin_saved),
-                2 * 256.0);  // alignment of the buffers around dlin
+    // the low-memory plan's partials: dW_in's for one tail chunk, dWz's longer chunks
+    auto partials = [&](const Workspace& w) {
+      return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
+    };
+    EXPECT_LE(partials(low), partials(saving));
+    EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)),
+                static_cast<double>(low.bytes + dlin_saved + partials(saving) - partials(low)),
+                3 * 256.0);  // alignment of the buffers around dlin and the partials
     if (N == 100) EXPECT_LT(low.tail_rows, d.M());
   }
 }
@@ -232,6 +242,23 @@ TEST(TrimulWorkspaceSizes, OverlaysHoldTheBackwardInItsLiveSet) {
     EXPECT_LE((M + w.tail_rows - 1) / w.tail_rows, 5) << N;
     const Workspace old = plan_backward(Dims{1, N - 2, N, 128, 128}, nullptr, false, nullptr);
     EXPECT_GT(static_cast<double>(old.bytes) / (N - 2) / (N - 2) - static_cast<double>(w.bytes) / M, 1800.0) << N;
+  }
+}
+
+// At small N the weight gradients' split-K partials are most of the low-memory backward's
+// excess over its per-pixel bytes: dW_in's hold one tail chunk's (summed into the totals after
+// each chunk), dWz's take chunks of kWgradMinRowsLowMemory rows: at N = 256 and 384 they are under
+// a third of the saving backward's (~66 MB there).
+TEST(TrimulWorkspaceSizes, LowMemoryPartialsAreAFraction) {
+  for (int64_t N : {256, 384}) {
+    const Dims d{1, N, N, 128, 128};
+    const Workspace saving = plan_backward(d, nullptr, true, nullptr), low = plan_backward(d, nullptr, false, nullptr);
+    auto partials = [&](const Workspace& w) {
+      return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
+    };
+    EXPECT_GT(partials(saving), 3 * partials(low)) << N;
+    EXPECT_LT(low.tail_parts, low.split_in.parts) << N;
+    EXPECT_EQ(saving.tail_parts, saving.split_in.parts) << N;
   }
 }
 
