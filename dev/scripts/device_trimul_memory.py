@@ -44,7 +44,8 @@ def main():
         for low in (False, True):
             peak, ms = measure(N, low)
             print(
-                f"{args.label} N={N} low_memory={low}: peak extra {peak:.2f} GiB, fwd+bwd {ms:.3f} ms"
+                f"{args.label} N={N} low_memory={low}: peak extra {peak:.2f} GiB "
+                f"({peak * 1024:.0f} MiB), fwd+bwd {ms:.3f} ms"
             )
             torch.cuda.empty_cache()
 

@@ -42,18 +42,20 @@ struct PixelRange {
 };
 
 // G = dYᵀ X over the pixels of `px` (whole split-K chunks of `split`), as the fp32 partials of
-// those chunks (K = pixels: a long-K product); dY's and X's rows are y_ld and x_ld apart (their
-// first `rows` and `cols` columns are read), and their buffers start at pixel y_row0 / x_row0.
-// On the TMA loop with tiles spanning the wider output side (tile_config.h's Wgrad tiles), or on
-// the wgmma loop where TMA cannot reach an operand (a buffer that starts past pixel 0).
+// those chunks, numbered from px's first (K = pixels: a long-K product); dY's and X's rows are
+// y_ld and x_ld apart (their first `rows` and `cols` columns are read), and their buffers start
+// at pixel y_row0 / x_row0. The operands are addressed from px's first pixel, so that TMA reaches
+// a chunk of the tail too: on the TMA loop with tiles spanning the wider output side
+// (tile_config.h's Wgrad tiles), or on the wgmma loop where TMA cannot reach an operand.
 cudaError_t weight_gradient(const void* dY, int64_t rows, int64_t y_ld, int64_t y_row0, const void* X, int64_t cols,
                             int64_t x_ld, int64_t x_row0, const WgradSplit& split, const PixelRange& px, float* part,
                             cudaStream_t s) {
-  const Operand A{dY, y_ld, 0, px.r1, rows, y_row0}, B{X, x_ld, 0, px.r1, cols, x_row0};
+  const int64_t K = px.r1 - px.r0;
+  const Operand A{static_cast<const T*>(dY) + (px.r0 - y_row0) * y_ld, y_ld, 0, K, rows},
+      B{static_cast<const T*>(X) + (px.r0 - x_row0) * x_ld, x_ld, 0, K, cols};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
-  const int64_t z0 = px.r0 / split.chunk, z1 = (px.r1 + split.chunk - 1) / split.chunk;
-  const GemmShape shape{rows, static_cast<int>(cols), px.r1, split.chunk, 0, z0};
-  const int chunks = static_cast<int>(z1 - z0);
+  const GemmShape shape{rows, static_cast<int>(cols), K, split.chunk, 0, 0};
+  const int chunks = static_cast<int>((K + split.chunk - 1) / split.chunk);
   cudaError_t e = cudaSuccess;
   const bool tma = rows > 128 ? launch_wgrad_tma<WgradWideTile, T>(A, B, shape, chunks, epi, s, &e)
                               : launch_wgrad_tma<WgradNarrowTile, T>(A, B, shape, chunks, epi, s, &e);
@@ -100,8 +102,9 @@ cudaError_t dxhat_in_backward(const Problem& p, const Workspace& ws, const Pixel
 
 // The tail over pixel rows px: the input projections' backward, d xhat_in and LayerNorm_in's
 // backward (one fused kernel, or the three-kernel path), and beside them dW_in's partials of the
-// chunk's pixels. dlin's rows are px's (row px.r0 first); its gate columns come from dgate when
-// dlin holds a chunk.
+// chunk's pixels, then their sums added to g_in and g_in_lo (the chunks' running totals, in chunk
+// order). dlin's rows are px's (row px.r0 first); its gate columns come from dgate when dlin
+// holds a chunk.
 cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRange& px, cudaStream_t s) {
   const Dims& d = p.d;
   const int64_t P = d.proj_cols(), PL = d.dlin_cols();
@@ -123,9 +126,13 @@ cudaError_t backward_tail(const Problem& p, const Workspace& ws, const PixelRang
   if ((e = weight_gradient(ws.xhat_in_bf, 2 * d.C, 2 * d.C, ws.xhat_row0, dlin, P, PL, px.r0, ws.split_in, px,
                            ws.part_in, fork.side())) != cudaSuccess ||
       (e = weight_gradient(ws.xhat_in_bf, d.C, 2 * d.C, ws.xhat_row0, dlin + P, 4 * d.Ch, PL, px.r0, ws.split_in_lo, px,
-                           ws.part_in_lo, s)) != cudaSuccess)
+                           ws.part_in_lo, s)) != cudaSuccess ||
+      (e = fork.join()) != cudaSuccess)
     return e;
-  return fork.join();
+  const int64_t parts = (px.r1 - px.r0 + ws.split_in.chunk - 1) / ws.split_in.chunk;
+  const bool add = px.r0 > 0;
+  if ((e = sum_partials(ws.part_in, d.C * P, 2 * parts, ws.g_in, s, add)) != cudaSuccess) return e;
+  return sum_partials(ws.part_in_lo, d.C * 4 * d.Ch, parts, ws.g_in_lo, s, add);
 }
 
 }  // namespace
@@ -184,9 +191,6 @@ cudaError_t run_backward(const Problem& p, const Workspace& ws, bool recompute, 
         (e = backward_tail(p, chunk, px, s)) != cudaSuccess)
       return e;
   }
-  if ((e = sum_partials(ws.part_in, d.C * P, 2 * ws.split_in.parts, ws.g_in, s)) != cudaSuccess ||
-      (e = sum_partials(ws.part_in_lo, d.C * 4 * d.Ch, ws.split_in_lo.parts, ws.g_in_lo, s)) != cudaSuccess)
-    return e;
   if ((e = sum_partials(ws.part_out, d.C * d.Ch, 2 * ws.split_out.parts, ws.g_out, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_lin, P, mt, ws.s_in, s)) != cudaSuccess) return e;
   if ((e = sum_partials(ws.colsum_dy, d.C, mt, ws.s_out, s)) != cudaSuccess) return e;

@@ -64,9 +64,10 @@ cudaError_t ln_rows_backward(const Problem& p, const float* dxhat, const float* 
 cudaError_t ln_channel_major_backward(const Problem& p, const float* dxhat, const void* x,
                                       const float* mean, const float* rstd, void* dx,
                                       cudaStream_t s);
-// out[e] = sum over parts of part[i * count + e], in part order.
+// out[e] = sum over parts of part[i * count + e] in a fixed order (add: out[e] += that sum, a
+// running total over calls in call order).
 cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float* out,
-                         cudaStream_t s);
+                         cudaStream_t s, bool add = false);
 // Weight, bias and LayerNorm gradients from G_inᵀ = zhatᵀ dlin ([C][P], dlin's column order:
 // dlin_order.h) plus G_in_loᵀ = zhatᵀ (dlin's a/b low parts) ([C][4Ch]), S_in =
 // colsum(dlin), G_out = dyᵀ xhat_out ([C][Ch]), S_out = colsum(dy).

@@ -91,6 +91,10 @@ constexpr bool kLongKWgmma = true;
 // summed in chunk order (bitwise deterministic, no atomics).
 constexpr int kWgradTargetBlocks = 528;  // 4 x 132 SMs
 constexpr int kWgradMinRows = 1024;      // below this a chunk's epilogue would dominate
+// The low-memory backward's dWz chunks: twice as long, so that at N <= 384 (where 1024 rows give
+// ~150 chunks for its two output tiles) its partials take half the ~19 MB; it runs beside
+// d x̂_out, so the fewer, longer blocks cost no wall time there.
+constexpr int kWgradMinRowsLowMemory = 2048;
 
 // The low-memory backward's tail (input projection backward, d xhat_in with LayerNorm_in's
 // backward and dW_in) runs over about this many chunks of pixel rows, each a whole number of

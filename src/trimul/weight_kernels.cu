@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
 // few columns: 8 lanes per column left each thread ~600 dependent additions, ~70 us per call).
 constexpr int kSumThreads = 256;
 __global__ void __launch_bounds__(kSumThreads)
-    sum_partials_kernel(const float* part, int64_t count, int64_t parts, float* out, int lanes) {
+    sum_partials_kernel(const float* part, int64_t count, int64_t parts, float* out, int lanes, bool add) {
   __shared__ float red[kSumThreads];  // [lane][column]
   const int cols = kSumThreads / lanes, col = threadIdx.x % cols, lane = threadIdx.x / cols;
   const int64_t e = int64_t(blockIdx.x) * cols + col;
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kSumThreads)
     __syncthreads();
     if (lane < h) red[lane * cols + col] += red[(lane + h) * cols + col];
   }
-  if (lane == 0 && e < count) out[e] = red[col];
+  if (lane == 0 && e < count) out[e] = add ? out[e] + red[col] : red[col];
 }
 
 // dW[row][c] = G[o][c] gamma[c] + S[o] beta[c] and dbias[row] = S[o], for every weight row:
@@ -170,12 +170,12 @@ cudaError_t prep_weights(const Problem& p, void* wcat, float* bcat, void* wz, fl
 }
 
 cudaError_t sum_partials(const float* part, int64_t count, int64_t parts, float* out,
-                         cudaStream_t s) {
+                         cudaStream_t s, bool add) {
   int lanes = 8;  // each thread sums at most ~32 parts where it can
   while (lanes < kSumThreads / 2 && parts > 32 * lanes) lanes *= 2;
   const int64_t cols = kSumThreads / lanes;
   sum_partials_kernel<<<static_cast<unsigned>((count + cols - 1) / cols), kSumThreads, 0, s>>>(part, count, parts,
-                                                                                             out, lanes);
+                                                                                             out, lanes, add);
   return cudaGetLastError();
 }
 

@@ -15,11 +15,11 @@ namespace tpf::trimul {
 struct WgradSplit {
   int64_t chunk, parts;
 };
-inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols) {
+inline WgradSplit wgrad_split(int64_t M, int64_t rows, int64_t cols, int64_t min_rows = kWgradMinRows) {
   const int64_t tiles = ((rows + GemmConfig::kBlockM - 1) / GemmConfig::kBlockM) *
                         ((cols + GemmConfig::kBlockN - 1) / GemmConfig::kBlockN);
   const int64_t want = std::max<int64_t>(1, kWgradTargetBlocks / tiles);
-  int64_t chunk = std::max<int64_t>(kWgradMinRows, (M + want - 1) / want);
+  int64_t chunk = std::max<int64_t>(min_rows, (M + want - 1) / want);
   // a whole number of k-steps and of output row tiles (a pixel chunk of the backward's tail
   // starts on a row tile: workspace.h's tail_rows)
   static_assert(GemmConfig::kBlockM % GemmConfig::kBlockK == 0, "row tiles hold whole k-steps");
@@ -75,7 +75,8 @@ struct Workspace {
   // [M][C]: the gate columns for every pixel, when dlin holds a chunk of the tail (else null)
   void *dlin = nullptr, *dgate = nullptr;
   int64_t tail_rows = 0;                        // pixel rows of dlin: a chunk of the backward's tail, or M
-  // The recomputing backward's overlays (plan_recompute_overlays): x̂_in's copies for the tail
+  int64_t tail_parts = 0;  // dW_in's split-K chunks in a tail chunk: its partials, summed into g_in after each
+  // The recomputing backward's layout (plan_recompute): x̂_in's copies for the tail
   // remade per chunk of tail_rows pixels into tail_xhat ([tail_rows][C] fp16) and tail_xhat_bf
   // ([tail_rows][2C]); xhat_row0: the pixel of xhat_in's and xhat_in_bf's row 0 as the tail reads
   // them (0, or the chunk's first pixel).
@@ -179,36 +180,50 @@ inline Workspace plan_forward(const Dims& d, void* base, bool save, void* saved)
   return w;
 }
 
-// The recomputing backward's overlays: with both LayerNorm backwards in epilogues (no d x̂
-// buffer), its buffers take the regions of the recomputed saved set as their lives end, and it
-// needs no more than the saved set and the partials. backward.cu's order: 0 recompute, 1 output
-// stage, 2 d x̂_out ‖ dWz, 3 da ‖ db, 4 per tail chunk: LayerNorm_in of the chunk, tail ‖ dW_in.
-//   dgate over xhat_in, dy then db over xhat_in_bf   (x̂_in is read by the projection only; the
-//                                                     bf16 pair is not written)
-//   dx over logit, da over x then xhat_out             (dead after stages 1 and 2)
-//   per chunk: dlin over a_bf, b_bf and logit; x̂_in's fp16 copy and bf16 pair for the chunk's
-//   rows over xhat_out_bf                              (dead after stages 3 and 2)
-// plan_saved lays the spans out adjacently. The chunk is the most whole split-K chunks that both
-// fit. False (nothing changed) where a buffer would not fit or no chunk would.
-inline bool plan_recompute_overlays(const Dims& d, Workspace& w) {
-  const int64_t M = d.M(), cm = d.cm_elems(), row_c = d.C * 2;  // bytes of an fp16 row of C
+// The recomputing backward's layout: with both LayerNorm backwards in epilogues (no d x̂ buffer)
+// it holds no saved set, only four regions whose buffers follow one another as their lives end,
+// plus the statistics and the partials. backward.cu's order: 0 LayerNorm_in, 1 the projection,
+// 2 the triangle product, 3 LayerNorm_out (0-3: the forward recomputed), 4 the output stage,
+// 5 d x̂_out ‖ dWz, 6 da ‖ db, 7 per tail chunk: LayerNorm_in of the chunk, tail ‖ dW_in.
+//   R1: x̂_in (0-1), then x (2-5) | x̂_out's bf16 copy (3-5); da (6-7) over both
+//   R2: a_bf | b_bf (1-6) | x̂_out (3-4), then dx (5-6); the tail chunk's dlin and x̂_in copies (7)
+//   R3: dy (4-5), then db (6-7)
+//   R4: the gate logit (1-4), its gradient (4-7) in place: the output stage reads each logit
+//       before it writes the gradient at the same place
+// At C = Ch and N % 8 == 0 that is 2064 bytes a pair against the saved set's 2320 (the output
+// stage, which holds a_bf, b_bf, x, x̂_out and its copy, the logit and dy at once, sets it).
+// The tail's chunk is the most whole split-K chunks of dW_in that fit R2. False (nothing taken)
+// where a LayerNorm backward needs its d x̂ buffer or no chunk fits.
+inline bool plan_recompute(const Dims& d, Arena& a, Workspace& w) {
   if (!fused_norm_in(d) || !fused_norm_out(d)) return false;
-  if (cm * 4 > M * 2 * row_c || cm * 2 > M * row_c || cm * 4 > cm * 2 + M * d.Ch * 2) return false;
-  const int64_t dlin_rows = (2 * cm * 2 + M * row_c) / (d.dlin_cols() * 2);
-  const int64_t xhat_rows = (M * d.Ch * 2 - 256) / (3 * row_c);  // 256: the second copy's alignment
-  const int64_t rows = std::min(M, std::max<int64_t>(0, std::min(dlin_rows, xhat_rows)) / w.split_in.chunk *
-                                       w.split_in.chunk);
+  const auto r256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t M = d.M(), cm = d.cm_elems(), row_c = d.C * 2;  // bytes of an fp16 row of C
+  const int64_t xi = r256(std::max(M * row_c, cm * 2)), xob = r256(std::max(M * d.Ch * 2, cm * 4 - xi));
+  const int64_t ab = r256(cm * 2), xo = r256(std::max(M * d.Ch * 2, cm * 2)), r2 = 2 * ab + xo;
+  const int64_t row_bytes = d.dlin_cols() * 2 + 3 * row_c;  // dlin, x̂_in fp16 and its bf16 pair
+  const int64_t rows = std::min(M, std::max<int64_t>(0, (r2 - 512) / row_bytes) / w.split_in.chunk * w.split_in.chunk);
   if (rows == 0) return false;
-  w.dgate = w.xhat_in;
-  w.dy = w.xhat_in_bf;
-  w.db = static_cast<float*>(w.xhat_in_bf);
-  w.dx = w.logit;
-  w.da = static_cast<float*>(w.x);
-  w.dxhat = nullptr;
-  w.dlin = w.a_bf;
+  auto* p1 = static_cast<uint8_t*>(a.take(xi + xob, 1));
+  auto* p2 = static_cast<uint8_t*>(a.take(r2, 1));
+  auto at = [](uint8_t* base, int64_t off) { return base ? static_cast<void*>(base + off) : nullptr; };
+  w.xhat_in = w.x = p1;
+  w.xhat_out_bf = at(p1, xi);
+  w.da = static_cast<float*>(w.xhat_in);
+  w.a_bf = p2;
+  w.b_bf = at(p2, ab);
+  w.xhat_out = w.dx = at(p2, 2 * ab);
+  w.dlin = p2;
+  w.tail_xhat = at(p2, r256(rows * d.dlin_cols() * 2));
+  w.tail_xhat_bf = at(p2, r256(rows * d.dlin_cols() * 2) + r256(rows * row_c));
+  w.dy = a.take(std::max(M * 2 * row_c, cm * 4), 1);
+  w.db = static_cast<float*>(w.dy);
+  w.logit = w.dgate = a.take(M * row_c, 1);
+  w.mean_in = a.take_f32(M);
+  w.rstd_in = a.take_f32(M);
+  w.mean_out = a.take_f32(M);
+  w.rstd_out = a.take_f32(M);
+  w.xhat_in_bf = w.dxhat = nullptr;  // x̂_in's pair per tail chunk; no d x̂
   w.tail_rows = rows;
-  w.tail_xhat = w.xhat_out_bf;
-  if (w.xhat_out_bf) w.tail_xhat_bf = static_cast<uint8_t*>(w.xhat_out_bf) + (rows * row_c + 255) / 256 * 256;
   w.xhat_per_chunk = true;
   return true;
 }
@@ -225,15 +240,14 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   w.bz = a.take_f32(d.C);
   w.wcat_raw = a.take((P + 4 * d.Ch) * d.C, 2);
   w.wz_raw = a.take(2 * d.C * d.Ch, 2);
+  w.split_in = wgrad_split(M, 2 * d.C, P);  // rows: xhat_in's high then low parts
+  w.split_in_lo = w.split_in;  // xhat_in's high parts x dlin's a/b low parts, on the same chunks
   if (from_saved) {
     Arena sa(saved);
     w.saved_bytes = plan_saved(d, sa, w);
-  } else {
-    w.saved_bytes = plan_saved(d, a, w);
   }
-  w.split_in = wgrad_split(M, 2 * d.C, P);  // rows: xhat_in's high then low parts
-  w.split_in_lo = w.split_in;  // xhat_in's high parts x dlin's a/b low parts, on the same chunks
-  if (from_saved || !plan_recompute_overlays(d, w)) {
+  if (from_saved || !plan_recompute(d, a, w)) {
+    if (!from_saved) w.saved_bytes = plan_saved(d, a, w);  // the saved set, recomputed in place
     // Two regions each hold a buffer whose life ends before da or db begins (backward.cu's
     // order): d xhat_out is consumed by LayerNorm_out's backward before the transposed products
     // write da, and d xhat_in is written after the projection backward consumed da; dy's last
@@ -254,9 +268,12 @@ inline Workspace plan_backward(const Dims& d, void* base, bool from_saved, void*
   }
   w.colsum_dy = a.take_f32(mt * d.C);
   w.colsum_lin = a.take_f32(mt * P);
-  w.split_out = wgrad_split(M, 2 * d.C, d.Ch);  // rows: dy's high then low parts
-  w.part_in = a.take_f32(w.split_in.parts * 2 * d.C * P);
-  w.part_in_lo = a.take_f32(w.split_in_lo.parts * d.C * 4 * d.Ch);
+  // rows: dy's high then low parts
+  w.split_out = wgrad_split(M, 2 * d.C, d.Ch, from_saved ? kWgradMinRows : kWgradMinRowsLowMemory);
+  // dW_in's partials for one tail chunk at a time (all of them where the tail is one chunk)
+  w.tail_parts = (w.tail_rows + w.split_in.chunk - 1) / w.split_in.chunk;
+  w.part_in = a.take_f32(w.tail_parts * 2 * d.C * P);
+  w.part_in_lo = a.take_f32(w.tail_parts * d.C * 4 * d.Ch);
   w.part_out = a.take_f32(w.split_out.parts * 2 * d.C * d.Ch);
   w.g_in = a.take_f32(P * d.C);
   w.g_in_lo = a.take_f32(4 * d.Ch * d.C);

@@ -138,10 +138,11 @@ std::vector<TrimulCase> cases() {
   v.push_back({1, 33, 256, 32, true, true, true, DType::kBF16, false, 2, false});
   // C = Ch = 128 recomputing: the low-memory tail over 5 pixel chunks, the last one short
   v.push_back({1, 100, 128, 128, false, true, true, DType::kBF16, false, 2, false});
-  // the recomputing backward's overlays (workspace.h; test_trimul_workspace.cpp checks that these
-  // shapes take them): every backward buffer in the recomputed saved set, x̂_in made again for
-  // each tail chunk; the fused tail at Ch < C over 7 chunks, the three-kernel tail over 4 with
-  // two batches (and B1_N104_C128_Ch128 recomputing below: the fused tail over 4)
+  // the recomputing backward's overlays (workspace.h's plan_recompute; test_trimul_workspace.cpp
+  // checks that these shapes take them): every buffer in four regions as lives end, the gate
+  // logit's gradient over the logit, x̂_in made again for each tail chunk; the fused tail at
+  // Ch < C over 7 chunks, the three-kernel tail over 6 with two batches (and B1_N104_C128_Ch128
+  // recomputing below: the fused tail over 6)
   v.push_back({1, 80, 128, 64, true, true, true, DType::kBF16, false, 2, false});
   v.push_back({2, 72, 96, 96, false, true, false, DType::kFP32, false, 2, false});
   // fp32 dz plus dz_in (a residual's gradient): the fused LayerNorm backward (C = 128, odd N),

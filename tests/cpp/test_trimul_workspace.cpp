@@ -55,8 +55,8 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"dxhat", w.dxhat, M * std::max(d.C, d.Ch) * 4, false}, {"dx", w.dx, cm * 2, false},
       {"da", w.da, cm * 4, false}, {"db", w.db, cm * 4, false},
       {"colsum_dy", w.colsum_dy, mt * d.C * 4, false}, {"colsum_lin", w.colsum_lin, mt * P * 4, false},
-      {"part_in", w.part_in, w.split_in.parts * 2 * d.C * P * 4, false},
-      {"part_in_lo", w.part_in_lo, w.split_in_lo.parts * d.C * 4 * d.Ch * 4, false},
+      {"part_in", w.part_in, w.tail_parts * 2 * d.C * P * 4, false},
+      {"part_in_lo", w.part_in_lo, w.tail_parts * d.C * 4 * d.Ch * 4, false},
       {"part_out", w.part_out, w.split_out.parts * 2 * d.C * d.Ch * 4, false},
       {"g_in", w.g_in, P * d.C * 4, false},
       {"g_in_lo", w.g_in_lo, 4 * d.Ch * d.C * 4, false}, {"g_out", w.g_out, d.C * d.Ch * 4, false},
@@ -66,38 +66,45 @@ std::vector<Buf> buffers(const Workspace& w, const Dims& d, Plan plan) {
       {"norm_in", w.norm_in, 2 * d.C * 4, false}, {"norm_out", w.norm_out, 2 * d.Ch * 4, false}};
   b.insert(b.end(), more.begin(), more.end());
   if (w.dgate) b.push_back({"dgate", w.dgate, M * d.C * 2, false});
-  if (w.xhat_per_chunk) {  // both LayerNorm backwards fused: no d xhat buffer; x̂_in per tail chunk
-    b.erase(std::remove_if(b.begin(), b.end(), [](const Buf& x) { return x.name == "dxhat"; }), b.end());
+  if (w.xhat_per_chunk) {  // both LayerNorm backwards fused: no d xhat buffer; x̂_in's pair per tail chunk
+    b.erase(std::remove_if(b.begin(), b.end(),
+                           [](const Buf& x) { return x.name == "dxhat" || x.name == "xhat_in_bf"; }),
+            b.end());
     b.push_back({"tail_xhat", w.tail_xhat, w.tail_rows * d.C * 2, false});
     b.push_back({"tail_xhat_bf", w.tail_xhat_bf, w.tail_rows * 2 * d.C * 2, false});
   }
   return b;
 }
 
-// The recomputing backward's stages (backward.cu): 0 the forward recomputed, 1 the output stage,
-// 2 d xhat_out with LayerNorm_out's backward beside dWz, 3 da beside db, 4 the tail's chunks (each
-// LayerNorm_in of its rows, the tail, dW_in beside it), 5 the partials' sums. A buffer's life: the
-// stages from its first write to its last read (bits).
+// The recomputing backward's stages (backward.cu, workspace.h's plan_recompute): 0 LayerNorm_in,
+// 1 the projection, 2 the triangle product, 3 LayerNorm_out, 4 the output stage, 5 d xhat_out
+// with LayerNorm_out's backward beside dWz, 6 da beside db, 7 the tail's chunks (each LayerNorm_in
+// of its rows, the tail, dW_in beside it), 8 the partials' sums. A buffer's life: the stages from
+// its first write to its last read (bits).
 unsigned life(const std::string& n) {
   auto span = [](int first, int last) { return ((2u << last) - 1) & ~((1u << first) - 1); };
-  if (n == "xhat_in" || n == "xhat_in_bf") return span(0, 0);  // the projection; the tail reads its own
-  if (n == "mean_in" || n == "rstd_in") return span(0, 4);
-  if (n == "a_bf" || n == "b_bf") return span(0, 3);
-  if (n == "logit" || n == "xhat_out") return span(0, 1);
-  if (n == "x" || n == "xhat_out_bf" || n == "mean_out" || n == "rstd_out") return span(0, 2);
-  if (n == "dy") return span(1, 2);
-  if (n == "dgate") return span(1, 4);
-  if (n == "dx") return span(2, 3);
-  if (n == "da" || n == "db") return span(3, 4);
-  if (n == "dlin" || n == "tail_xhat" || n == "tail_xhat_bf") return span(4, 4);
-  return span(0, 5);  // weights, column sums, partials, their sums
+  if (n == "xhat_in") return span(0, 1);  // the projection; the tail reads its own copies
+  if (n == "mean_in" || n == "rstd_in") return span(0, 7);
+  if (n == "a_bf" || n == "b_bf") return span(1, 6);
+  if (n == "logit") return span(1, 4);
+  if (n == "x") return span(2, 5);
+  if (n == "xhat_out") return span(3, 4);
+  if (n == "xhat_out_bf" || n == "mean_out" || n == "rstd_out") return span(3, 5);
+  if (n == "dy") return span(4, 5);
+  if (n == "dgate") return span(4, 7);
+  if (n == "dx") return span(5, 6);
+  if (n == "da" || n == "db") return span(6, 7);
+  if (n == "dlin" || n == "tail_xhat" || n == "tail_xhat_bf") return span(7, 7);
+  return span(0, 8);  // weights, column sums, partials, their sums
 }
 
 // The overlays the stage orders allow (workspace.h): the forward's xhat_out over xhat_in; the
-// backward's da over d xhat, db over dy.
+// backward's da over d xhat, db over dy; in the recomputing backward's plan, buffers whose lives
+// are disjoint, and the gate logit's gradient over the logit itself (the output stage reads each
+// logit before it writes the gradient at its place: the one buffer pair that shares a stage).
 bool may_share(Plan plan, const Workspace& w, const std::string& p, const std::string& q) {
-  if (w.xhat_per_chunk) return (life(p) & life(q)) == 0;
   auto pair = [&](const char* a, const char* b) { return (p == a && q == b) || (p == b && q == a); };
+  if (w.xhat_per_chunk) return (life(p) & life(q)) == 0 || pair("logit", "dgate");
   if (plan == Plan::kForward) return pair("xhat_in", "xhat_out");
   return is_backward(plan) && (pair("da", "dxhat") || pair("db", "dy"));
 }
@@ -168,6 +175,10 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
       // dgate exactly when dlin holds fewer rows than the pixels
       EXPECT_EQ(w.split_in_lo.chunk, w.split_in.chunk);
       EXPECT_TRUE(w.tail_rows == d.M() || w.tail_rows % w.split_in.chunk == 0);
+      // dW_in's partials hold one tail chunk's split-K chunks (every one where the tail is whole)
+      EXPECT_GE(w.tail_parts * w.split_in.chunk, w.tail_rows);
+      EXPECT_LT((w.tail_parts - 1) * w.split_in.chunk, w.tail_rows);
+      if (w.tail_rows == d.M()) EXPECT_EQ(w.tail_parts, w.split_in.parts);
       EXPECT_EQ(w.dgate != nullptr, w.tail_rows < d.M() || w.xhat_per_chunk);
       if (d.C > GemmConfig::kBlockN) EXPECT_EQ(w.tail_rows, d.M());
       // the overlays: only in the recomputing backward, where both LayerNorm backwards are fused
@@ -187,8 +198,14 @@ TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
     EXPECT_EQ(saving.tail_rows, d.M());
     const int64_t dgate = low.tail_rows < d.M() ? d.M() * d.C * 2 : 0;
     const int64_t dlin_saved = (d.M() - low.tail_rows) * d.dlin_cols() * 2 - dgate;
-    EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)), static_cast<double>(low.bytes + dlin_saved),
-                2 * 256.0);  // alignment of the buffers around dlin
+    // the low-memory plan's partials: dW_in's for one tail chunk, dWz's longer chunks
+    auto partials = [&](const Workspace& w) {
+      return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
+    };
+    EXPECT_LE(partials(low), partials(saving));
+    EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)),
+                static_cast<double>(low.bytes + dlin_saved + partials(saving) - partials(low)),
+                3 * 256.0);  // alignment of the buffers around dlin and the partials
     if (N == 100) EXPECT_LT(low.tail_rows, d.M());
   }
 }
@@ -208,20 +225,40 @@ TEST(TrimulWorkspaceSizes, TailChunksHoldAFractionOfDlin) {
   EXPECT_LT(w.bytes + full_dlin * 2 / 3, plan_backward(d, nullptr, true, nullptr).bytes + saved_size(d));
 }
 
-// With the overlays (AF3's shapes: C = Ch = 128, N % 8 == 0) the recomputing backward needs the
-// saved set and under 200 bytes a pixel more (weights, partials, column sums: 180 at N = 768, 45
-// at 4096), where the plan without them holds d x̂/da, dy/db, dx, dgate and a chunk of dlin beside
-// it (~1.85 KB a pixel more); the tail then runs in at most 4 chunks.
-TEST(TrimulWorkspaceSizes, OverlaysHoldTheBackwardInTheSavedSet) {
+// With the overlays (AF3's shapes: C = Ch = 128, N % 8 == 0) the recomputing backward needs
+// 2064 bytes a pixel for its four regions and statistics (workspace.h: the output stage's live
+// set), 256 less than the saved set, and under 200 more (weights, partials, column sums: 180 at
+// N = 768, 45 at 4096), where the plan without them holds the saved set, d x̂/da, dy/db, dx, dgate
+// and a chunk of dlin (~1.85 KB a pixel more); the tail then runs in at most 5 chunks (a chunk's
+// dlin and x̂_in copies take 3 KB a row of R2's 768 bytes a pixel).
+TEST(TrimulWorkspaceSizes, OverlaysHoldTheBackwardInItsLiveSet) {
   for (int64_t N : {768, 1024, 4096}) {
     const Dims d{1, N, N, 128, 128};
     const Workspace w = plan_backward(d, nullptr, false, nullptr);
     ASSERT_TRUE(w.xhat_per_chunk) << N;
     const int64_t M = d.M();
-    EXPECT_LT(w.bytes, saved_size(d) + M * 200) << N;
-    EXPECT_LE((M + w.tail_rows - 1) / w.tail_rows, 4) << N;
+    EXPECT_GE(w.bytes, static_cast<size_t>(M * 2064)) << N;
+    EXPECT_LT(w.bytes, saved_size(d) - M * 256 + M * 200) << N;
+    EXPECT_LE((M + w.tail_rows - 1) / w.tail_rows, 5) << N;
     const Workspace old = plan_backward(Dims{1, N - 2, N, 128, 128}, nullptr, false, nullptr);
     EXPECT_GT(static_cast<double>(old.bytes) / (N - 2) / (N - 2) - static_cast<double>(w.bytes) / M, 1800.0) << N;
+  }
+}
+
+// At small N the weight gradients' split-K partials are most of the low-memory backward's
+// excess over its per-pixel bytes: dW_in's hold one tail chunk's (summed into the totals after
+// each chunk), dWz's take chunks of kWgradMinRowsLowMemory rows: at N = 256 and 384 they are under
+// a third of the saving backward's (~66 MB there).
+TEST(TrimulWorkspaceSizes, LowMemoryPartialsAreAFraction) {
+  for (int64_t N : {256, 384}) {
+    const Dims d{1, N, N, 128, 128};
+    const Workspace saving = plan_backward(d, nullptr, true, nullptr), low = plan_backward(d, nullptr, false, nullptr);
+    auto partials = [&](const Workspace& w) {
+      return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
+    };
+    EXPECT_GT(partials(saving), 3 * partials(low)) << N;
+    EXPECT_LT(low.tail_parts, low.split_in.parts) << N;
+    EXPECT_EQ(saving.tail_parts, saving.split_in.parts) << N;
   }
 }
 
