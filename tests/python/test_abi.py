@@ -38,3 +38,14 @@ def test_ctypes_layout_equals_the_compiled_one(record, mirror):
 def test_names_come_from_the_library():
     assert _native.ATTENTION_TENSORS[:3] == ("q", "k", "v") and "dbias" in _native.ATTENTION_TENSORS
     assert len(_native.TRIMUL_WEIGHTS) == 12 and _native.TRIMUL_WEIGHTS[2] == "p_in_weight"
+
+
+def test_an_argument_the_library_lacks_raises():
+    """An argument name the loaded library's struct does not have (a library older than the
+    package) raises instead of becoming a ctypes attribute the call never sees."""
+    from turbopairformer import _calls
+
+    with pytest.raises(RuntimeError, match="'no_such_tensor'.*older than this Python package"):
+        _calls.struct(_native.TpfLayerNormArgs, no_such_tensor=None)
+    a = _calls.struct(_native.TpfLayerNormArgs, x=None)  # a known name: fine
+    assert not a.x.data
