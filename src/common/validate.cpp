@@ -12,7 +12,11 @@ std::string str(int64_t x) { return std::to_string(x); }
 
 std::string shape_string(const TensorView& t) {
   std::string s = "[";
-  for (int i = 0; i < t.rank; ++i) s += (i ? "," : "") + str(t.shape[i]);
+  // appended piece by piece: GCC 12 misreads `const char* + std::string&&` here (-Wrestrict)
+  for (int i = 0; i < t.rank; ++i) {
+    if (i) s += ',';
+    s += str(t.shape[i]);
+  }
   return s + "]";
 }
 
@@ -20,8 +24,12 @@ std::string dims_string(std::initializer_list<Dim> dims) {
   std::string s = "[";
   int i = 0;
   for (const Dim& d : dims) {
-    s += (i++ ? "," : "") + std::string(d.name);
-    if (d.size >= 0) s += "=" + str(d.size);
+    if (i++) s += ',';
+    s += d.name;
+    if (d.size >= 0) {
+      s += '=';
+      s += str(d.size);
+    }
   }
   return s + "]";
 }
