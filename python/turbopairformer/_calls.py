@@ -31,25 +31,19 @@ def tensor(x: Optional[torch.Tensor], name: str) -> _native.TpfTensor:
     return t
 
 
-_FIELDS: dict = {}  # args struct class -> its field names (from the library's ABI table)
-
-
 def struct(cls, **tensors):
     """An args struct of the C ABI with the named tensors filled in (the rest absent). A name
-    the loaded library's struct lacks raises: ctypes would take it as a plain attribute, and the
-    call would run without it (a library older than this package)."""
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        fields = _FIELDS[cls] = frozenset(f[0] for f in cls._fields_)
+    the loaded library's struct lacks (a library older than this package) raises."""
     a = cls()
     for name, t in tensors.items():
-        if name not in fields:
+        try:
+            setattr(a, name, tensor(t, name))
+        except AttributeError:
             raise RuntimeError(
                 f"turbopairformer: the loaded library ({_native.LIBRARY_PATH}) has no argument "
                 f"'{name}' in {cls.__name__}: it is older than this Python package; rebuild or "
                 "reinstall it"
-            )
-        setattr(a, name, tensor(t, name))
+            ) from None
     return a
 
 

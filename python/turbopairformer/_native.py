@@ -64,9 +64,11 @@ def abi_fields() -> list[tuple[str, str, str, int, int]]:
 
 
 def _struct(record: str, kinds: dict) -> type:
-    """A ctypes mirror of one C struct, its fields in the library's order and types by kind."""
+    """A ctypes mirror of one C struct, its fields in the library's order and types by kind. No
+    other attribute can be set on it (__slots__): a name the library lacks raises instead of
+    being kept by ctypes as a plain attribute the call never sees."""
     fields = [(f, kinds[k]) for rec, f, k, _, _ in abi_fields() if rec == record and k != "struct"]
-    return type(record, (ctypes.Structure,), {"_fields_": fields})
+    return type(record, (ctypes.Structure,), {"_fields_": fields, "__slots__": ()})
 
 
 _SCALARS = {
