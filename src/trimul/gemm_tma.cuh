@@ -334,6 +334,29 @@ struct TmaStoreEpilogue {
   }
 };
 
+// The weight gradients' wide tiles' epilogue: each thread stores its fp32 partials straight from
+// registers (StoreEpilogue's fragments: a quad writes 32 contiguous bytes of a row). With K chunks
+// of ~180 k-steps it runs once per ~180, so it needs no store slots, and their shared memory
+// holds one more stage of the ring instead (tile_config.h's WgradWideTile).
+template <class Tile>
+struct RegisterStoreEpilogue {
+  static constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  static constexpr int kConsumers = Tile::kConsumers, kProducerRegs = Tile::kProducerRegs,
+                       kConsumerRegs = Tile::kConsumerRegs;
+  static constexpr bool kSplitK = Tile::kSplitK;
+  static constexpr int kSmemBytes = 0;
+  StoreEpilogue<float> out;
+
+  __device__ void start(uint8_t*, int) const {}
+  __device__ void tile(uint8_t*, const float (&acc)[kBlockN / 128][64], int cw, int64_t m0, int n0, int z,
+                       int) const {
+    const int row0 = 64 * cw + 16 * ((threadIdx.x / 32) % 4);  // the warp's 16 rows of the tile
+#pragma unroll
+    for (int part = 0; part < kBlockN / 128; ++part) out.wgmma_fragments(acc[part], row0, m0, n0 + 128 * part, z);
+  }
+  __device__ void finish(int) const {}
+};
+
 // C = A Bᵀ for each of `batches` matrices (no split-K, rows from 0) into out (a plain store:
 // no column scale), on the TMA loop, or on the cp.async one where TMA cannot reach an operand.
 template <class T, Major AM, Major BMJ, class OutT>
@@ -360,16 +383,20 @@ cudaError_t launch_product(const Operand& A, const Operand& B, const GemmShape& 
 template <class Tile, class T>
 bool launch_wgrad_tma(const Operand& A, const Operand& B, const GemmShape& s, int batches,
                       const StoreEpilogue<float>& out, cudaStream_t stream, cudaError_t* err) {
-  using Epi = TmaStoreEpilogue<float, Tile>;
+  using Epi = std::conditional_t<Tile::kRegisterStores, RegisterStoreEpilogue<Tile>, TmaStoreEpilogue<float, Tile>>;
   static_assert(Tile::kSplitK, "a weight-gradient tile splits K");
   TmaOperands maps{};
   Epi epi{};
   const int64_t chunks = s.z_begin + batches;  // the partials' batches the map must reach
   if (out.col_scale.ptr != nullptr || s.m_begin != 0 ||
-      !encode_tma_operands<T, Major::kMN, Major::kMN>(&maps, A, B, kTmaBlockM<Epi>, Tile::kBlockN, 1) ||
-      !encode_tma_matrices(&epi.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols,
-                           CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 64, static_cast<int>(chunks)))
+      !encode_tma_operands<T, Major::kMN, Major::kMN>(&maps, A, B, kTmaBlockM<Epi>, Tile::kBlockN, 1))
     return false;
+  if constexpr (Tile::kRegisterStores) {
+    epi.out = out;
+  } else if (!encode_tma_matrices(&epi.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols,
+                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 64, static_cast<int>(chunks))) {
+    return false;
+  }
   *err = launch_tma_loop<T, Major::kMN, Major::kMN>(maps, s, batches, epi, stream);
   return true;
 }

@@ -51,16 +51,18 @@ struct ProductTile {
 // their products are L2-bound on 128 x 128 tiles (each chunk's operand rows read once per tile
 // they meet: ~7 KB a pixel for dW_in's two at C = Ch = 128), so the tiles span the whole of the
 // wider output side. Wide: 256 x 128 (2C = 256 rows of dW_inᵀ's high/low product and dWz), four
-// consumers as the projection's (24 x 128 + 112 x 512 registers), three 48 KB stages beside the
-// four consumers' store slots; narrow: 128 x 256 (the C = 128 rows of the low-part product), the
-// products' shape.
+// consumers as the projection's (24 x 128 + 112 x 512 registers), four 48 KB stages: the partials
+// go out from registers (gemm_tma.cuh's RegisterStoreEpilogue, once per ~180 k-steps), and the
+// store slots' shared memory keeps a fourth k-step in flight (at 1.45 us a k-step with three, the
+// SMs drew ~4.4 TB/s from L2 and DRAM gave ~2.3: neither at its ceiling); narrow: 128 x 256
+// (the C = 128 rows of the low-part product), the products' shape, with the TMA store slots.
 struct WgradWideTile {
-  static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
-  static constexpr bool kSplitK = true;
+  static constexpr int kBlockN = 128, kStages = 4, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
+  static constexpr bool kSplitK = true, kRegisterStores = true;
 };
 struct WgradNarrowTile {
   static constexpr int kBlockN = 256, kStages = 4, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
-  static constexpr bool kSplitK = true;
+  static constexpr bool kSplitK = true, kRegisterStores = false;
 };
 // The input projection (K = C, two k-steps): 256 x 128 tiles (64 channels' both logits, or 128
 // output-gate channels), three 48 KB stages, four consumers: its a/b epilogue (two MUFU a value,
