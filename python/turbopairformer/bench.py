@@ -910,7 +910,7 @@ def main(argv=None):
         if Path(args.replot).stem == "attention_accuracy_peaked":
             bench_accuracy.write(data["rows"], out, data["gpu"], data["command"])
         elif Path(args.replot).stem == "pairformer":
-            commands = data.get("commands") or data["command"]
+            commands = bench_pairformer.commands_of(data)
             bench_pairformer.write(data["rows"], out, data["gpu"], commands)
         else:
             tops = data.get("top_kernels", [])

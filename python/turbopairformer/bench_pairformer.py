@@ -231,6 +231,11 @@ RUNNING = "not finished: the call stopped while it ran"
 GAVE_UP = "not finished in two calls (longer than a call's time left)"
 
 
+def commands_of(data) -> list:
+    """The commands of the calls that made a pairformer.json (one, or several after --resume)."""
+    return data.get("commands") or [data["command"]]
+
+
 def _kept_rows(out_dir: Path, gpu: str):
     """--resume: the rows and commands of the pairformer.json already in out_dir, and the cases
     to run again that a killed call left unfinished once ({case: kills}). Kept: measured cases,
@@ -242,7 +247,7 @@ def _kept_rows(out_dir: Path, gpu: str):
         return [], [], {}
     try:
         data = json.loads(path.read_text())
-        rows, commands = data["rows"], data.get("commands") or [data["command"]]
+        rows, commands = data["rows"], commands_of(data)
     except (ValueError, KeyError, TypeError) as e:
         raise SystemExit(
             f"turbopairformer.bench: --resume cannot read {path} ({type(e).__name__}: {e}); "
@@ -326,7 +331,7 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
         print(f"[{i + 1}/{len(cases)}] {b} {m} N={N}", file=sys.stderr, flush=True)
         marker = {"backend": b, "mode": m, "N": N, "status": RUNNING, "call": call}
         case_rows = rows + [dict(marker, kills=retry.get((b, m, N), 0))]
-        write(_ordered(case_rows, Ns), out_dir, gpu, commands, plot_too=False)
+        write(case_rows, out_dir, gpu, commands, plot_too=False)
         try:
             row = measure(b, m, N, weights)
         except torch.cuda.OutOfMemoryError:
@@ -337,13 +342,13 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
             row = {"backend": b, "mode": m, "N": N, "status": f"failed: {type(e).__name__}: {msg}"}
             torch.cuda.empty_cache()
         rows.append(dict(row, call=call))
-        write(_ordered(rows, Ns), out_dir, gpu, commands, plot_too=False)  # survives a kill
-    rows = _ordered(rows, Ns)
+        write(rows, out_dir, gpu, commands, plot_too=False)  # survives a kill
+    rows = _ordered(rows)
     write(rows, out_dir, gpu, commands)
     return rows
 
 
-def _ordered(rows, Ns):
+def _ordered(rows):
     """The table's order whatever the calls' order: unavailable backends first, then by N, mode
     (eager first) and backend (ours first)."""
 
@@ -376,6 +381,7 @@ def write(rows, out_dir: Path, gpu: str, commands, plot_too=True):
     --replot remakes it from the JSON). commands: the command of each call that made rows (a
     row's "call" indexes it; rows without one are the first call's), or one command."""
     commands = [commands] if isinstance(commands, str) else list(commands)
+    rows = _ordered(rows)
     calls = []
     if len(commands) > 1:
         calls = ["Calls, in order (a row's call is its index):", ""]
