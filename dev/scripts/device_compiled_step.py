@@ -1,17 +1,20 @@
-"""On the GPU machine: where our modules' fused nodes should run under torch.compile.
+"""On the GPU machine: where the small-N training step's time goes, and what takes it back.
 
-For each N, in one process and against the plain-PyTorch block compiled in the same run, times
-(median CUDA-event ms) our block's step, its pair stack's, and a 4-block stack's AdamW step
-(one block per checkpoint), eager and compiled, with the fused nodes switched by
-layers.COMPILED_NODE_MIN_PAIRS ("composed": never, "nodes": always, "default": the shipped
-threshold) and, for the stack, with the nodes also inside the compiled checkpoints ("nodes+ckpt").
-Each compiled case also reports dynamo's graph count and graph breaks, the stack's peak memory,
-and the CUDA kernel time of one step (torch.profiler), so that a wall time above the kernel time
-reads as host-bound.
+For each N, in one process, times (median CUDA-event ms) a block's step, its pair stack's and a
+4-block stack's AdamW step (one block per checkpoint), ours and the plain-PyTorch reference, in
+variants (--variants): eager; torch.compile with our fused nodes switched by
+layers.COMPILED_NODE_MIN_PAIRS ("composed": never, "nodes": always) and, for the stack, with the
+nodes inside the compiled checkpoints too ("nodes+ckpt"); torch.compile(mode="reduce-overhead")
+("compile-ro", CUDA graphs by inductor); and the eager step captured whole in one CUDA graph
+("graph": PyTorch's whole-network capture, autocast without its cast cache, a capturable AdamW).
+Each case also reports the CUDA kernel time of one step (torch.profiler: a wall time above it
+reads as host-bound), the peak memory (a graph's from its capture on), and under compile
+dynamo's graph count and graph breaks.
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_compiled_step.py
-       [--n 256,512] [--cases block,pair,stack] [--budget 540]"""
+       [--n 256,512] [--cases block,pair,stack] [--variants V,...] [--budget 540]"""
 
 import argparse
+import functools
 import time
 
 import torch
@@ -22,8 +25,6 @@ from turbopairformer.bench_pairformer import (
     _inputs,
     _loss,
     _median_ms,
-    _pair_step,
-    block_step,
     profiled,
 )
 from turbopairformer.reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack
@@ -38,12 +39,13 @@ def kernel_ms(step, reps=2):
     return total / 1e3 / reps
 
 
-def stack_step(stack, fn, s, z, sm, pm):
-    opt = torch.optim.AdamW(stack.parameters(), lr=1e-4)
+def stack_step(stack, fn, s, z, sm, pm, graph=False):
+    # a captured step needs the optimizer's state on the GPU and no autocast cast cache
+    opt = torch.optim.AdamW(stack.parameters(), lr=1e-4, capturable=graph)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not graph):
             so, zo = fn(s, z, sm, pm)
         _loss(so, zo, sm, pm).backward()
         opt.step()
@@ -68,7 +70,22 @@ def forward_nodes_in_checkpoints(self, s, z, single_mask, pair_mask):
     return s, z
 
 
-def case(label, make_step, compiled):
+def captured(step):
+    """The whole step as one CUDA graph (PyTorch's whole-network capture: warm-up on a side
+    stream, then capture); returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def case(label, make_step, compiled, graph=False):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     step = make_step()
@@ -79,6 +96,8 @@ def case(label, make_step, compiled):
     first = time.monotonic() - t0
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
+    if graph:  # the graph's pool counts from its capture on
+        step = captured(step)
     ms = _median_ms(step, 8)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     kms = kernel_ms(step)
@@ -99,81 +118,114 @@ def case(label, make_step, compiled):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="256,512")
-    ap.add_argument("--cases", default="block,pair,stack")
+    ap.add_argument("--cases", default="block,pair,stack", help="what each variant times")
+    ap.add_argument(
+        "--variants", default=DEFAULT_VARIANTS, help=f"from: {', '.join(VARIANT_TABLE)}"
+    )
     ap.add_argument("--budget", type=float, default=540.0)
     a = ap.parse_args()
     t_start = time.monotonic()
     torch.manual_seed(0)
     weights = {k: v.cuda() for k, v in OpenFold3PairFormerBlock().state_dict().items()}
-    cases = a.cases.split(",")
+    variants = a.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANT_TABLE]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; choose from {list(VARIANT_TABLE)}")
+
+    def over():
+        return time.monotonic() - t_start > a.budget
+
     for N in [int(n) for n in a.n.split(",")]:
-        run_n(N, weights, cases, lambda: time.monotonic() - t_start > a.budget, a.budget)
+        run_n(N, weights, a.cases.split(","), variants, over, a.budget)
 
 
-def run_n(N, weights, cases, over, budget):
+# variant -> (backend, how, COMPILED_NODE_MIN_PAIRS, nodes inside the stack's checkpoints)
+VARIANT_TABLE = {
+    "pytorch compile": ("pytorch", "compile", "default", False),
+    "pytorch compile-ro": ("pytorch", "compile-ro", "default", False),
+    "pytorch graph": ("pytorch", "graph", "default", False),
+    "ours eager": ("ours", "eager", "default", False),
+    "ours compile composed": ("ours", "compile", "composed", False),
+    "ours compile nodes": ("ours", "compile", "nodes", False),
+    "ours compile nodes+ckpt": ("ours", "compile", "nodes", True),
+    "ours compile-ro": ("ours", "compile-ro", "default", False),
+    "ours graph": ("ours", "graph", "default", False),
+}
+DEFAULT_VARIANTS = (
+    "pytorch compile,ours eager,ours compile composed,ours compile nodes,ours compile nodes+ckpt"
+)
+
+
+def wrap(module, how):
+    """The module as the step runs it: eager, torch.compile, or torch.compile with CUDA graphs
+    (mode="reduce-overhead"); "graph" runs it eagerly and case() captures the whole step."""
+    if how == "compile":
+        return torch.compile(module)
+    if how == "compile-ro":
+        return torch.compile(module, mode="reduce-overhead")
+    return module
+
+
+def run_n(N, weights, kinds, variants, over, budget):
     s0, z0, sm, pm = _inputs(N)
     print(f"== N = {N}", flush=True)
 
     def leaves():
         return s0.detach().requires_grad_(True), z0.detach().requires_grad_(True)
 
-    def block(cls):
-        b = cls().cuda()
+    def block(backend):
+        b = (pf.PairformerBlock if backend == "ours" else OpenFold3PairFormerBlock)().cuda()
         b.load_state_dict(weights)
         return b.train()
 
-    def block_case(cls, compiled):
-        def make():
-            b = block(cls)
-            s, z = leaves()
-            return block_step(b, torch.compile(b) if compiled else b, s, z, sm, pm)
-
-        return make
-
-    def pair_case(cls, compiled):
-        def make():
-            p = block(cls).pair_stack
-            _, z = leaves()
-            return _pair_step(torch.compile(p) if compiled else p, z, pm)
-
-        return make
-
-    def stack_case(cls, compiled):
-        def make():
+    def make(kind, backend, how):
+        graph = how == "graph"
+        if kind == "stack":
+            cls = pf.PairformerStack if backend == "ours" else OpenFold3PairFormerStack
             st = cls(no_blocks=4, blocks_per_ckpt=1).cuda()
             for blk in st.blocks:
                 blk.load_state_dict(weights)
-            return stack_step(st, torch.compile(st) if compiled else st, s0, z0, sm, pm)
+            return stack_step(st, wrap(st, how), s0, z0, sm, pm, graph)
+        b = block(backend)
+        s, z = leaves()
+        mod = b if kind == "block" else b.pair_stack
+        fn = wrap(mod, how)
 
-        return make
+        def step():
+            mod.zero_grad(set_to_none=True)
+            s.grad = z.grad = None
+            # a captured step must not use autocast's cast cache
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not graph):
+                if kind == "block":
+                    loss = _loss(*fn(s, z, sm, pm), sm, pm)
+                else:
+                    loss = (fn(z, pm).float() * pm[..., None]).square().mean()
+            loss.backward()
 
-    plan = []
-    for kind, maker in (("block", block_case), ("pair", pair_case), ("stack", stack_case)):
-        if kind not in cases:
-            continue
-        ref = OpenFold3PairFormerBlock if kind != "stack" else OpenFold3PairFormerStack
-        ours = pf.PairformerBlock if kind != "stack" else pf.PairformerStack
-        plan.append((f"{kind} pytorch compile", maker(ref, True), True, None, False))
-        plan.append((f"{kind} ours eager", maker(ours, False), False, None, False))
-        # inside the stack's checkpoints the shipped forward always composes
-        variants = ("composed", "nodes+ckpt") if kind == "stack" else ("composed", "nodes")
+        return step
+
+    for kind in kinds:
         for v in variants:
-            plan.append(
-                (f"{kind} ours compile {v}", maker(ours, True), True, v.split("+")[0], "+" in v)
+            if kind != "stack" and v.endswith("+ckpt"):
+                continue
+            label = f"{kind} {v}"
+            if over():
+                print(f"{label:34s} skipped: --budget {budget:.0f} s reached", flush=True)
+                continue
+            backend, how, threshold, ckpt = VARIANT_TABLE[v]
+            layers.COMPILED_NODE_MIN_PAIRS = VARIANTS[threshold]
+            pf.PairformerStack.forward = (
+                forward_nodes_in_checkpoints if ckpt else SHIPPED_STACK_FORWARD
             )
-    for label, make, compiled, variant, ckpt in plan:
-        if over():
-            print(f"{label:34s} skipped: --budget {budget:.0f} s reached", flush=True)
-            continue
-        layers.COMPILED_NODE_MIN_PAIRS = VARIANTS[variant or "default"]
-        pf.PairformerStack.forward = forward_nodes_in_checkpoints if ckpt else SHIPPED_STACK_FORWARD
-        try:
-            case(label, make, compiled)
-        except Exception as e:  # noqa: BLE001  # an out-of-memory case is a result, not the end of the call
-            print(f"{label:34s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        finally:
-            layers.COMPILED_NODE_MIN_PAIRS = DEFAULT_MIN
-        torch.cuda.empty_cache()
+            try:
+                compiled = how.startswith("compile")
+                case(label, functools.partial(make, kind, backend, how), compiled, how == "graph")
+            except Exception as e:  # noqa: BLE001 - a failing variant is a result
+                print(f"{label:34s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            finally:
+                layers.COMPILED_NODE_MIN_PAIRS = DEFAULT_MIN
+                pf.PairformerStack.forward = SHIPPED_STACK_FORWARD
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
