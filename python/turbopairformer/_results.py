@@ -39,3 +39,18 @@ def doc_table(doc: str, header, rows) -> list:
         "|" + "---|" * len(header),
         *("| " + " | ".join(cells) + " |" for cells in rows),
     ]
+
+
+def failure(e: BaseException, width: int = 120) -> dict:
+    """A failed case's fields: its status for the table ("failed: Type: first line", and the
+    message's last line where it has more: a subprocess's or a wrapped error's real cause is
+    usually there, e.g. inductor's SubprocException) and the message's end in full for the
+    JSON (error)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0][:width] if lines else ""
+    if len(lines) > 1:
+        text += " ... " + lines[-1][:width]
+    row = {"status": f"failed: {type(e).__name__}: {text}"}
+    if len(lines) > 1:
+        row["error"] = "\n".join(lines)[-2000:]
+    return row

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ._results import failure
+
 H = 4
 KEEP = 0.8
 
@@ -340,7 +342,7 @@ def run_case(row, body, save):
     except torch.cuda.OutOfMemoryError:
         row["status"] = "out of memory"
     except Exception as e:  # noqa: BLE001 - the report records any failure
-        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        row.update(failure(e))
     torch.cuda.empty_cache()  # after the handlers: the body's tensors are released by now
     row["case_s"] = round(time.monotonic() - t0, 1)
     save()

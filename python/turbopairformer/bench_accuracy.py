@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ._results import write_tables
+from ._results import failure, write_tables
 
 LOGIT_STDS = (1.0, 2.0, 4.0, 8.0)
 DOMINANT_KEYS, DOMINANT_BOOST = 4, 8.0
@@ -96,9 +96,7 @@ def table(Ns, Ds, device="cuda"):
                         row.update(_measure(b, (q, k, v, bias, mask, dout), refs, floors))
                         row["status"] = "ok"
                     except Exception as e:  # noqa: BLE001 - one failing peer never stops the table
-                        row["status"] = (
-                            f"failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
-                        )
+                        row.update(failure(e, 100))
                 del refs
                 if device == "cuda":
                     torch.cuda.empty_cache()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ._results import write_tables
+from ._results import failure, write_tables
 
 PAD = 0.05
 _now = time.monotonic  # the --budget clock
@@ -338,8 +338,7 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
             row = {"backend": b, "mode": m, "N": N, "status": "out of memory"}
             torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - one failing backend never stops the run
-            msg = str(e).splitlines()[0][:120] if str(e) else ""
-            row = {"backend": b, "mode": m, "N": N, "status": f"failed: {type(e).__name__}: {msg}"}
+            row = {"backend": b, "mode": m, "N": N, **failure(e)}
             torch.cuda.empty_cache()
         rows.append(dict(row, call=call))
         write(rows, out_dir, gpu, commands, plot_too=False)  # survives a kill

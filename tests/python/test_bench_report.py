@@ -157,13 +157,33 @@ def test_a_failing_case_is_recorded_and_the_run_goes_on():
 
     for body, status in (
         (oom, "out of memory"),
-        (broken, "failed: ValueError: bad layout"),
+        (broken, "failed: ValueError: bad layout ... second line"),
         (lambda row: row.update(fwd_ms=2.0), "ok"),
     ):
         row = {}
         bench.run_case(row, body, lambda: saved.append(1))
         assert row["status"] == status and "case_s" in row
     assert len(saved) == 3
+
+
+def test_a_failure_keeps_its_cause():
+    """A wrapped error (inductor's SubprocException) says what failed on its last line: the
+    table's status keeps the first and the last, the JSON row the message's end in full."""
+    from turbopairformer._results import failure
+
+    e = RuntimeError(
+        "SubprocException: An exception occurred in a subprocess:\n\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 3\n"
+        "triton.CompilationError: out of resource: shared memory\n"
+    )
+    row = failure(e)
+    assert row["status"] == (
+        "failed: RuntimeError: SubprocException: An exception occurred in a subprocess: ... "
+        "triton.CompilationError: out of resource: shared memory"
+    )
+    assert row["error"].startswith("SubprocException") and "x.py" in row["error"]
+    assert failure(ValueError("one line")) == {"status": "failed: ValueError: one line"}
+    assert failure(KeyError()) == {"status": "failed: KeyError: "}
 
 
 def test_pairformer_report_files(tmp_path):
