@@ -173,7 +173,7 @@ def test_a_failure_keeps_its_cause():
 
     e = RuntimeError(
         "SubprocException: An exception occurred in a subprocess:\n\n"
-        "Traceback (most recent call last):\n  File \"x.py\", line 3\n"
+        'Traceback (most recent call last):\n  File "x.py", line 3\n'
         "triton.CompilationError: out of resource: shared memory\n"
     )
     row = failure(e)
