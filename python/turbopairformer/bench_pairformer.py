@@ -241,10 +241,12 @@ def _kept_rows(out_dir: Path, gpu: str):
     to run again that a killed call left unfinished once ({case: kills}). Kept: measured cases,
     those that ran out of memory (a property of the size, not of the call) and those killed in two
     calls; dropped, so that this call runs them again: failures, budget stops, cases killed once
-    and the unavailable-backend rows (this call says again which backends it lacks)."""
+    and the unavailable-backend rows (this call says again which backends it lacks). Also
+    returned, as read: the dropped case rows (a call narrowed by --n or --backends keeps those it
+    does not run)."""
     path = out_dir / "pairformer.json"
     if not path.exists():
-        return [], [], {}
+        return [], [], {}, []
     try:
         data = json.loads(path.read_text())
         rows, commands = data["rows"], commands_of(data)
@@ -258,10 +260,11 @@ def _kept_rows(out_dir: Path, gpu: str):
             f"turbopairformer.bench: --resume: {path} was measured on {data.get('gpu')!r}, this "
             f"is {gpu!r}; one table holds one GPU's runs (use another --out)"
         )
-    kept, retry = [], {}
+    kept, retry, dropped = [], {}, []
     for r in rows:
         if r.get("N") == "-":
             continue
+        dropped.append(r)
         r = dict(r, call=r.get("call", 0))
         if r.get("status") == RUNNING:
             kills = r.get("kills", 0) + 1
@@ -271,7 +274,8 @@ def _kept_rows(out_dir: Path, gpu: str):
             r.update(status=GAVE_UP, kills=kills)
         if r.get("status", "out of memory") in ("out of memory", GAVE_UP):
             kept.append(r)
-    return kept, commands, retry
+            dropped.pop()
+    return kept, commands, retry, dropped
 
 
 def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=False, budget=None):
@@ -291,9 +295,12 @@ def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=Fals
                 f"choose from {', '.join(backends)}"
             )
         backends = {b: f for b, f in backends.items() if b in only}
-    kept, commands, retry = _kept_rows(out_dir, gpu) if resume else ([], [], {})
+    kept, commands, retry, dropped = _kept_rows(out_dir, gpu) if resume else ([], [], {}, [])
     call = len(commands)
     commands = commands + [command]
+    selected = {(b, m, N) for N in Ns for m in modes for b in backends}
+    # a row of a case this call does not select stays as it was (its call's)
+    kept += [r for r in dropped if (r["backend"], r["mode"], r["N"]) not in selected]
     done = {(r["backend"], r["mode"], r["N"]) for r in kept}
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
@@ -414,6 +421,7 @@ def write(rows, out_dir: Path, gpu: str, commands, plot_too=True):
         if calls:
             cells.append(r.get("call", 0))
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += _summary(rows)
     head = commands[0] if not calls else f"{len(commands)} calls (--resume), listed below"
     extra = {"commands": commands} if calls else None
     write_tables(out_dir, "pairformer", gpu, head, rows, "Pairformer training step", lines, extra)
@@ -423,6 +431,44 @@ def write(rows, out_dir: Path, gpu: str, commands, plot_too=True):
         plot(rows, out_dir)
     except Exception as e:  # noqa: BLE001 - the plot is optional (matplotlib)
         print(f"plot skipped: {e}", file=sys.stderr)
+
+
+OURS = "turbopairformer"
+
+
+def _summary(rows) -> list:
+    """The table's headline lines: at each N, our best time (either mode) against the fastest
+    other backend's (any mode), for the 4-block step and the block, and how many of the other
+    backends' cases at that N were measured (a partial N may lack the fastest one)."""
+    ok = [r for r in rows if "status" not in r]
+    # every other backend and mode the table holds at any N, measured or not
+    cases = {(r["backend"], r["mode"]) for r in rows if r["backend"] != OURS and r["mode"] != "-"}
+    out = []
+    for N in sorted({r["N"] for r in ok}):
+        ours = [r for r in ok if r["N"] == N and r["backend"] == OURS]
+        others = [r for r in ok if r["N"] == N and r["backend"] != OURS]
+        if not ours or not others:
+            continue
+        for key, what in (("stack4_step_ms", "4-block AdamW step"), ("block_fwd_bwd_ms", "block")):
+            o, p = min(ours, key=lambda r: r[key]), min(others, key=lambda r: r[key])
+            out.append(
+                f"| {N} | {what} | {o[key]:.1f} ({o['mode']}) | {p[key]:.1f} ({p['backend']}, "
+                f"{p['mode']}) | {p[key] / o[key]:.2f}x | {len(others)} of {len(cases)} |"
+            )
+    if not out:
+        return []
+    return [
+        "",
+        (
+            "Ours against the fastest other backend at each N, each in its faster mode (ms; above "
+            "1x we are faster; the last column: the other backends' cases measured at that N, of "
+            "all the table holds):"
+        ),
+        "",
+        "| N | measure | ours | fastest other | speedup | others measured |",
+        "|---|---|---|---|---|---|",
+        *out,
+    ]
 
 
 def plot(rows, out_dir: Path):

@@ -432,15 +432,16 @@ def _fake_pairformer(monkeypatch, calls, oom=()):
         calls.append((b, m, N))
         if (b, m, N) in oom:
             raise torch.cuda.OutOfMemoryError("fake")
+        slower = 2.0 if b == "pytorch" else 1.0
         return {
             "backend": b,
             "mode": m,
             "N": N,
             "first_call_s": 0.1,
-            "block_fwd_bwd_ms": float(N),
+            "block_fwd_bwd_ms": slower * N,
             "pair_fwd_bwd_ms": float(N) / 2,
             "block_peak_gib": 1.0,
-            "stack4_step_ms": 4.0 * N,
+            "stack4_step_ms": slower * 4.0 * N,
             "stack4_peak_gib": 2.0,
             "z_rel_err_vs_fp32": 1e-3,
             "s_rel_err_vs_fp32": 1e-3,
@@ -498,6 +499,34 @@ def test_pairformer_sweep_resumes_where_the_last_call_stopped(tmp_path, monkeypa
     bp.run([256, 512], ["eager"], tmp_path, "GPU", "cmd 3", resume=True)
     assert calls == []
     assert json.loads((tmp_path / "pairformer.json").read_text())["commands"][-1] == "cmd 3"
+
+
+def test_pairformer_narrowed_resume_keeps_the_cases_it_does_not_run(tmp_path, monkeypatch):
+    """A --resume call narrowed by --n and --backends runs only its cases and leaves the other
+    rows as they were, stopped ones included; the table's summary sets our best time against
+    the fastest other backend's at each N where both were measured."""
+    calls = []
+    bp = _fake_pairformer(monkeypatch, calls)
+    bp.run([256, 512], ["eager"], tmp_path, "GPU", "cmd 1", budget=15)
+    calls.clear()
+    rows = bp.run([512], ["eager"], tmp_path, "GPU", "cmd 2", only=["turbopairformer"], resume=True)
+    assert calls == [("turbopairformer", "eager", 512)]
+    assert [(r["backend"], r["N"], r.get("status"), r["call"]) for r in rows] == [
+        ("turbopairformer", 256, None, 0),
+        ("pytorch", 256, None, 0),
+        ("turbopairformer", 512, None, 1),
+        ("pytorch", 512, "stopped: --budget 15 s reached", 0),
+    ]
+    md = (tmp_path / "pairformer.md").read_text()
+    assert (
+        "| 256 | 4-block AdamW step | 1024.0 (eager) | 2048.0 (pytorch, eager) | 2.00x | 1 of 1 |"
+        in md
+    )
+    assert "| 256 | block | 256.0 (eager) | 512.0 (pytorch, eager) | 2.00x | 1 of 1 |" in md
+    assert "| 512 | block |" not in md  # no other backend measured there
+    calls.clear()  # the full command again runs what the narrowed call left
+    bp.run([256, 512], ["eager"], tmp_path, "GPU", "cmd 3", resume=True)
+    assert calls == [("pytorch", "eager", 512)]
 
 
 def test_pairformer_resume_refuses_another_gpu_or_a_broken_table(tmp_path, monkeypatch):
