@@ -28,8 +28,9 @@
 #                                             update N = 256-4096, both directions, bf16 and fp32
 #                                             weights), cut at BUDGET seconds (default 420);
 #                                             after peers, with PY=$TPF_VENV/bin/python
-#   scripts/device.sh pairformer [FROM] [N] [BUDGET]  the Pairformer training step, every
-#                                             installed backend, eager and compiled (default N:
+#   scripts/device.sh pairformer [FROM] [N] [BUDGET] [BACKENDS]  the Pairformer training step,
+#                                             every installed backend (or BACKENDS, comma-
+#                                             separated), eager and compiled (default N:
 #                                             256-1024), into $OUT/pairformer: it continues the
 #                                             table in FROM (default bench/results/h200/
 #                                             pairformer_sweep; --resume) and starts no case
@@ -177,7 +178,7 @@ PY
     mkdir -p "$OUT/pairformer"
     [ -f "$from/pairformer.json" ] && cp "$from/pairformer.json" "$OUT/pairformer/"
     "$PY" -m turbopairformer.bench --pairformer --n "${2:-256,384,512,640,768,1024}" --resume \
-      --budget "${3:-480}" --out "$OUT/pairformer"
+      --budget "${3:-480}" ${4:+--backends "$4"} --out "$OUT/pairformer"
     ;;
   peaked-accuracy)
     "$PY" -m turbopairformer.bench --attention-accuracy "${2:-256,384}" --d 16,32 --out "${1:-bench/results/h200}"
