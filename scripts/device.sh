@@ -36,6 +36,11 @@
 #                                             pairformer_sweep; --resume) and starts no case
 #                                             after BUDGET s (default 480). Copy $OUT/pairformer
 #                                             back to FROM and call again until nothing is left
+#   scripts/device.sh small-n [N] [VARIANTS]  the small-N step's wall time against its kernel
+#                                             time, ours and plain PyTorch: eager, compiled,
+#                                             compiled with CUDA graphs, captured whole
+#                                             (dev/scripts/device_compiled_step.py; default N
+#                                             256,384, every variant) into $OUT/compiled_step.txt
 #   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
 #   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
 #
@@ -179,6 +184,11 @@ PY
     [ -f "$from/pairformer.json" ] && cp "$from/pairformer.json" "$OUT/pairformer/"
     "$PY" -m turbopairformer.bench --pairformer --n "${2:-256,384,512,640,768,1024}" --resume \
       --budget "${3:-480}" ${4:+--backends "$4"} --out "$OUT/pairformer"
+    ;;
+  small-n)
+    variants=${2:-pytorch compile,pytorch compile-ro,pytorch graph,ours eager,ours compile composed,ours compile-ro,ours graph}
+    PYTHONPATH=${PYTHONPATH:-python} timeout 580 "$PY" dev/scripts/device_compiled_step.py \
+      --n "${1:-256,384}" --variants "$variants" --budget 500 2>&1 | tee "$OUT/compiled_step.txt"
     ;;
   peaked-accuracy)
     "$PY" -m turbopairformer.bench --attention-accuracy "${2:-256,384}" --d 16,32 --out "${1:-bench/results/h200}"
