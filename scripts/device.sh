@@ -40,7 +40,7 @@
 #                                             time, ours and plain PyTorch: eager, compiled,
 #                                             compiled with CUDA graphs, captured whole
 #                                             (dev/scripts/device_compiled_step.py; default N
-#                                             256,384, every variant) into $OUT/compiled_step.txt
+#                                             256, every variant) into $OUT/compiled_step.txt
 #   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
 #   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
 #
@@ -188,7 +188,7 @@ PY
   small-n)
     variants=${2:-pytorch compile,pytorch compile-ro,pytorch graph,ours eager,ours compile composed,ours compile-ro,ours graph}
     PYTHONPATH=${PYTHONPATH:-python} timeout 580 "$PY" dev/scripts/device_compiled_step.py \
-      --n "${1:-256,384}" --variants "$variants" --budget 500 2>&1 | tee "$OUT/compiled_step.txt"
+      --n "${1:-256}" --variants "$variants" --budget 500 2>&1 | tee "$OUT/compiled_step.txt"
     ;;
   peaked-accuracy)
     "$PY" -m turbopairformer.bench --attention-accuracy "${2:-256,384}" --d 16,32 --out "${1:-bench/results/h200}"
