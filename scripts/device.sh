@@ -186,7 +186,7 @@ PY
       --budget "${3:-480}" ${4:+--backends "$4"} --out "$OUT/pairformer"
     ;;
   small-n)
-    variants=${2:-pytorch compile,pytorch compile-ro,pytorch graph,ours eager,ours compile composed,ours compile-ro,ours graph}
+    variants=${2:-pytorch compile,pytorch compile-ro,pytorch graph,ours eager,ours compile composed,ours compile-ro,ours graph,ours compile nodes+ckpt+boundary}
     PYTHONPATH=${PYTHONPATH:-python} timeout 580 "$PY" dev/scripts/device_compiled_step.py \
       --n "${1:-256}" --variants "$variants" --budget 500 2>&1 | tee "$OUT/compiled_step.txt"
     ;;

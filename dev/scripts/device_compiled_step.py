@@ -56,14 +56,33 @@ def stack_step(stack, fn, s, z, sm, pm, graph=False):
 SHIPPED_STACK_FORWARD = pf.PairformerStack.forward
 
 
+@torch.library.custom_op("tpfdev::boundary", mutates_args=())
+def boundary(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x that the partitioner saves at a checkpoint's end: the block's last node (the
+    transition's custom op) returns a tuple, and a getitem is never banned from recomputation,
+    so without it every block's recompute chains back to the stack's input
+    (dev/scripts/cpu_checkpoint_order.py; a plain clone is removed by inductor)."""
+    return x.clone()
+
+
+@boundary.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+boundary.register_autograd(lambda ctx, g: g)
+BOUNDARY = False
+
+
 def forward_nodes_in_checkpoints(self, s, z, single_mask, pair_mask):
-    """PairformerStack.forward without its switch to the composed ops inside compiled checkpoints."""
+    """PairformerStack.forward without its switch to the composed ops inside compiled checkpoints
+    (with BOUNDARY, each checkpoint's z through boundary())."""
     from torch.utils.checkpoint import checkpoint
 
     def run(first, last, s, z):
         for block in self.blocks[first:last]:
             s, z = block(s, z, single_mask, pair_mask)
-        return s, z
+        return s, (boundary(z) if BOUNDARY else z)
 
     for first in range(0, len(self.blocks), self.blocks_per_ckpt):
         s, z = checkpoint(run, first, first + self.blocks_per_ckpt, s, z, use_reentrant=False)
@@ -148,11 +167,13 @@ VARIANT_TABLE = {
     "ours compile composed": ("ours", "compile", "composed", False),
     "ours compile nodes": ("ours", "compile", "nodes", False),
     "ours compile nodes+ckpt": ("ours", "compile", "nodes", True),
+    "ours compile nodes+ckpt+boundary": ("ours", "compile", "nodes", "boundary"),
     "ours compile-ro": ("ours", "compile-ro", "default", False),
     "ours graph": ("ours", "graph", "default", False),
 }
 DEFAULT_VARIANTS = (
-    "pytorch compile,ours eager,ours compile composed,ours compile nodes,ours compile nodes+ckpt"
+    "pytorch compile,ours eager,ours compile composed,ours compile nodes,ours compile nodes+ckpt,"
+    "ours compile nodes+ckpt+boundary"
 )
 
 
@@ -167,6 +188,7 @@ def wrap(module, how):
 
 
 def run_n(N, weights, kinds, variants, over, budget):
+    global BOUNDARY
     s0, z0, sm, pm = _inputs(N)
     print(f"== N = {N}", flush=True)
 
@@ -206,7 +228,7 @@ def run_n(N, weights, kinds, variants, over, budget):
 
     for kind in kinds:
         for v in variants:
-            if kind != "stack" and v.endswith("+ckpt"):
+            if kind != "stack" and "+ckpt" in v:
                 continue
             label = f"{kind} {v}"
             if over():
@@ -214,6 +236,7 @@ def run_n(N, weights, kinds, variants, over, budget):
                 continue
             backend, how, threshold, ckpt = VARIANT_TABLE[v]
             layers.COMPILED_NODE_MIN_PAIRS = VARIANTS[threshold]
+            BOUNDARY = ckpt == "boundary"
             pf.PairformerStack.forward = (
                 forward_nodes_in_checkpoints if ckpt else SHIPPED_STACK_FORWARD
             )
