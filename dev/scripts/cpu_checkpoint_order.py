@@ -36,8 +36,11 @@ def _saved_buffer(x, p_in_weight, save):
     return torch.empty(n, dtype=torch.uint8, device=x.device)
 
 
-@torch.library.custom_op("tpfdev::cpu_boundary", mutates_args=())
+@torch.library.custom_op("tpfdev::boundary", mutates_args=())
 def boundary(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x that the partitioner saves at a checkpoint's end: the block's last node (the
+    transition's custom op) returns a tuple, and a getitem there is recomputed, not saved (a plain
+    clone is removed by inductor, a view recomputed)."""
     return x.clone()
 
 
@@ -50,6 +53,9 @@ boundary.register_autograd(lambda ctx, g: g)
 
 
 def stack_forward(use_boundary):
+    """PairformerStack.forward with the nodes inside its checkpoints (the shipped forward composes
+    there under compile), each checkpoint's z through boundary() where use_boundary."""
+
     def forward(self, s, z, single_mask, pair_mask):
         def run(first, last, s, z):
             for block in self.blocks[first:last]:

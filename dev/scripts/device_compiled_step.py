@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch._dynamo
+from cpu_checkpoint_order import stack_forward  # dev/scripts: the nodes inside checkpoints
 from turbopairformer import layers
 from turbopairformer import pairformer as pf
 from turbopairformer.bench_pairformer import (
@@ -54,39 +55,6 @@ def stack_step(stack, fn, s, z, sm, pm, graph=False):
 
 
 SHIPPED_STACK_FORWARD = pf.PairformerStack.forward
-
-
-@torch.library.custom_op("tpfdev::boundary", mutates_args=())
-def boundary(x: torch.Tensor) -> torch.Tensor:
-    """A copy of x that the partitioner saves at a checkpoint's end: the block's last node (the
-    transition's custom op) returns a tuple, and a getitem is never banned from recomputation,
-    so without it every block's recompute chains back to the stack's input
-    (dev/scripts/cpu_checkpoint_order.py; a plain clone is removed by inductor)."""
-    return x.clone()
-
-
-@boundary.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-boundary.register_autograd(lambda ctx, g: g)
-BOUNDARY = False
-
-
-def forward_nodes_in_checkpoints(self, s, z, single_mask, pair_mask):
-    """PairformerStack.forward without its switch to the composed ops inside compiled checkpoints
-    (with BOUNDARY, each checkpoint's z through boundary())."""
-    from torch.utils.checkpoint import checkpoint
-
-    def run(first, last, s, z):
-        for block in self.blocks[first:last]:
-            s, z = block(s, z, single_mask, pair_mask)
-        return s, (boundary(z) if BOUNDARY else z)
-
-    for first in range(0, len(self.blocks), self.blocks_per_ckpt):
-        s, z = checkpoint(run, first, first + self.blocks_per_ckpt, s, z, use_reentrant=False)
-    return s, z
 
 
 def captured(step):
@@ -188,7 +156,6 @@ def wrap(module, how):
 
 
 def run_n(N, weights, kinds, variants, over, budget):
-    global BOUNDARY
     s0, z0, sm, pm = _inputs(N)
     print(f"== N = {N}", flush=True)
 
@@ -236,9 +203,8 @@ def run_n(N, weights, kinds, variants, over, budget):
                 continue
             backend, how, threshold, ckpt = VARIANT_TABLE[v]
             layers.COMPILED_NODE_MIN_PAIRS = VARIANTS[threshold]
-            BOUNDARY = ckpt == "boundary"
             pf.PairformerStack.forward = (
-                forward_nodes_in_checkpoints if ckpt else SHIPPED_STACK_FORWARD
+                stack_forward(ckpt == "boundary") if ckpt else SHIPPED_STACK_FORWARD
             )
             try:
                 compiled = how.startswith("compile")
