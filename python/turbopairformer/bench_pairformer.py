@@ -264,17 +264,18 @@ def _kept_rows(out_dir: Path, gpu: str):
     for r in rows:
         if r.get("N") == "-":
             continue
-        dropped.append(r)
-        r = dict(r, call=r.get("call", 0))
-        if r.get("status") == RUNNING:
-            kills = r.get("kills", 0) + 1
+        row = dict(r, call=r.get("call", 0))
+        if row.get("status") == RUNNING:
+            kills = row.get("kills", 0) + 1
             if kills < 2:
-                retry[(r["backend"], r["mode"], r["N"])] = kills
+                retry[(row["backend"], row["mode"], row["N"])] = kills
+                dropped.append(r)
                 continue
-            r.update(status=GAVE_UP, kills=kills)
-        if r.get("status", "out of memory") in ("out of memory", GAVE_UP):
-            kept.append(r)
-            dropped.pop()
+            row.update(status=GAVE_UP, kills=kills)
+        if row.get("status", "out of memory") in ("out of memory", GAVE_UP):
+            kept.append(row)
+        else:
+            dropped.append(r)
     return kept, commands, retry, dropped
 
 
