@@ -54,7 +54,7 @@ cudaError_t weight_gradient(const void* dY, int64_t rows, int64_t y_ld, int64_t 
   const Operand A{static_cast<const T*>(dY) + (px.r0 - y_row0) * y_ld, y_ld, 0, K, rows},
       B{static_cast<const T*>(X) + (px.r0 - x_row0) * x_ld, x_ld, 0, K, cols};
   const StoreEpilogue<float> epi{part, cols, rows * cols, rows, cols};
-  const GemmShape shape{rows, static_cast<int>(cols), K, split.chunk, 0, 0};
+  const GemmShape shape{rows, static_cast<int>(cols), K, split.chunk};
   const int chunks = static_cast<int>((K + split.chunk - 1) / split.chunk);
   cudaError_t e = cudaSuccess;
   const bool tma = rows > 128 ? launch_wgrad_tma<WgradWideTile, T>(A, B, shape, chunks, epi, s, &e)

@@ -39,16 +39,15 @@ struct Operand {
   int64_t row0 = 0;
 };
 
-// m_begin: the first output row the grid covers (a multiple of kBlockM; rows m_begin .. M);
-// z_begin: the first split-K chunk (chunks z_begin .. as blockIdx.z walks them), so that a call
-// can cover a range of a product's rows or of its K and still index the whole product.
+// m_begin: the first output row the grid covers (a multiple of kBlockM; rows m_begin .. M), so
+// that a call can cover a range of a product's rows and still index the whole product. A split
+// K starts at row 0: a call over part of a product's K addresses its operands from that part.
 struct GemmShape {
   int64_t M;
   int N;
   int64_t K;
   int64_t k_chunk;  // split-K: the K rows of blockIdx.z; 0: no split (blockIdx.z = batch)
   int64_t m_begin = 0;
-  int64_t z_begin = 0;
 };
 
 using Cfg = GemmConfig;
@@ -353,7 +352,7 @@ struct BlockTile {
     const int n_tiles = (s.N + Cfg::kBlockN - 1) / Cfg::kBlockN;
     m0 = s.m_begin + int64_t(blockIdx.x / n_tiles) * Cfg::kBlockM;
     n0 = static_cast<int>(blockIdx.x % n_tiles) * Cfg::kBlockN;
-    z = static_cast<int>(s.z_begin) + blockIdx.z;
+    z = blockIdx.z;
     k_begin = s.k_chunk ? z * s.k_chunk : 0;
     const int64_t k_end = s.k_chunk ? min(s.K, k_begin + s.k_chunk) : s.K;
     nk = static_cast<int>((k_end - k_begin + Cfg::kBlockK - 1) / Cfg::kBlockK);

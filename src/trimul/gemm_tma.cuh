@@ -14,8 +14,8 @@
 //
 // An epilogue Epi defines kBlockN, kStages, kConsumers, kProducerRegs and kConsumerRegs (its
 // tile table row, tile_config.h; tiles are 64 kConsumers rows), kSplitK (the batches are split-K
-// chunks of one product's K rather than matrices: chunk z of the shape's k_chunk rows from
-// z_begin, the epilogue told its chunk), kSmemBytes (its shared memory after the stages,
+// chunks of one product's K rather than matrices: chunk z of the shape's k_chunk rows, the
+// epilogue told its chunk), kSmemBytes (its shared memory after the stages,
 // 1024-byte aligned), and
 //   start(smem, cw)                                 once per consumer warpgroup, before its first tile
 //   tile(smem, acc, cw, m0, n0, z, k)               the warpgroup's rows of its k-th tile
@@ -102,19 +102,17 @@ struct TmaTiles {
   static constexpr bool kSplit = false;  // batch z: matrix z, from K row 0
 };
 
-// Split-K (Epi::kSplitK): a batch is chunk z_begin + z of one product's K, whose rows start at
-// (z_begin + z) k_chunk of the one matrix the maps hold (rows past K read as zero); the epilogue
-// is told the chunk.
+// Split-K (Epi::kSplitK): a batch is chunk z of one product's K, whose rows start at z k_chunk
+// of the one matrix the maps hold (rows past K read as zero); the epilogue is told the chunk.
 template <int kBM, int kBN>
 struct TmaSplitTiles : TmaTiles<kBM, kBN> {
-  int64_t k_chunk, z_begin;
+  int64_t k_chunk;
   __device__ TmaSplitTiles(const GemmShape& s, int batches)
-      : TmaTiles<kBM, kBN>(s, batches), k_chunk(s.k_chunk), z_begin(s.z_begin) {
+      : TmaTiles<kBM, kBN>(s, batches), k_chunk(s.k_chunk) {
     this->nk = static_cast<int>((s.k_chunk + TCfg::kBlockK - 1) / TCfg::kBlockK);
   }
   static constexpr bool kSplit = true;
-  __device__ int64_t k_first(int z) const { return (z_begin + z) * k_chunk; }  // the chunk's first K row
-  __device__ int out_batch(int z) const { return static_cast<int>(z_begin + z); }
+  __device__ int64_t k_first(int z) const { return z * k_chunk; }  // the chunk's first K row
 };
 template <class Epi>
 using TilesOf = std::conditional_t<Epi::kSplitK, TmaSplitTiles<kTmaBlockM<Epi>, Epi::kBlockN>,
@@ -208,7 +206,7 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
 #pragma unroll
     for (int h = 0; h < kParts; ++h) dev::wgmma_fence_operands(acc[h]);
     if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
-    if constexpr (Epi::kSplitK) epi.tile(esmem, acc, cw, m0, n0, tiles.out_batch(z), k);
+    if constexpr (Epi::kSplitK) epi.tile(esmem, acc, cw, m0, n0, z, k);
     else epi.tile(esmem, acc, cw, m0, n0, z, k);
   }
   epi.finish(cw);
@@ -377,7 +375,7 @@ cudaError_t launch_product(const Operand& A, const Operand& B, const GemmShape& 
 }
 
 // The split-K partials of a long-K product G_z = A_zᵀ B_z (K = pixels in chunks of
-// s.k_chunk rows, chunks z_begin .. z_begin + batches; both operands MN-major: [K][rows] and
+// s.k_chunk rows, chunks 0 .. batches; both operands MN-major: [K][rows] and
 // [K][cols]) into out's [chunk][rows][cols] fp32, on the TMA loop with Tile's tiles; false where
 // TMA cannot reach an operand (a row offset, an unaligned stride), for the caller's fallback.
 template <class Tile, class T>
@@ -387,14 +385,13 @@ bool launch_wgrad_tma(const Operand& A, const Operand& B, const GemmShape& s, in
   static_assert(Tile::kSplitK, "a weight-gradient tile splits K");
   TmaOperands maps{};
   Epi epi{};
-  const int64_t chunks = s.z_begin + batches;  // the partials' batches the map must reach
   if (out.col_scale.ptr != nullptr || s.m_begin != 0 ||
       !encode_tma_operands<T, Major::kMN, Major::kMN>(&maps, A, B, kTmaBlockM<Epi>, Tile::kBlockN, 1))
     return false;
   if constexpr (Tile::kRegisterStores) {
     epi.out = out;
   } else if (!encode_tma_matrices(&epi.out, out.ptr, out.ld, out.batch_stride, out.rows, out.cols,
-                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 64, static_cast<int>(chunks))) {
+                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 64, batches)) {
     return false;
   }
   *err = launch_tma_loop<T, Major::kMN, Major::kMN>(maps, s, batches, epi, stream);
