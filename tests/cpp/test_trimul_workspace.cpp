@@ -189,6 +189,12 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
 
 // Saving moves the saved set out of the workspaces: each shrinks. The recomputing (low-memory)
 // backward holds the saved set itself, and dlin for one chunk of the tail with dgate beside it.
+// The weight gradients' split-K partials a plan holds: dW_in's high/low and low-part products
+// for one tail chunk, dWz's for the whole product.
+int64_t partial_bytes(const Workspace& w, const Dims& d) {
+  return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
+}
+
 TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
   for (int64_t N : {7, 100}) {
     const Dims d{1, N, (N + 7) / 8 * 8, 128, 128};
@@ -199,12 +205,9 @@ TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
     const int64_t dgate = low.tail_rows < d.M() ? d.M() * d.C * 2 : 0;
     const int64_t dlin_saved = (d.M() - low.tail_rows) * d.dlin_cols() * 2 - dgate;
     // the low-memory plan's partials: dW_in's for one tail chunk, dWz's longer chunks
-    auto partials = [&](const Workspace& w) {
-      return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
-    };
-    EXPECT_LE(partials(low), partials(saving));
+    EXPECT_LE(partial_bytes(low, d), partial_bytes(saving, d));
     EXPECT_NEAR(static_cast<double>(saving.bytes + saved_size(d)),
-                static_cast<double>(low.bytes + dlin_saved + partials(saving) - partials(low)),
+                static_cast<double>(low.bytes + dlin_saved + partial_bytes(saving, d) - partial_bytes(low, d)),
                 3 * 256.0);  // alignment of the buffers around dlin and the partials
     if (N == 100) EXPECT_LT(low.tail_rows, d.M());
   }
@@ -253,10 +256,7 @@ TEST(TrimulWorkspaceSizes, LowMemoryPartialsAreAFraction) {
   for (int64_t N : {256, 384}) {
     const Dims d{1, N, N, 128, 128};
     const Workspace saving = plan_backward(d, nullptr, true, nullptr), low = plan_backward(d, nullptr, false, nullptr);
-    auto partials = [&](const Workspace& w) {
-      return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
-    };
-    EXPECT_GT(partials(saving), 3 * partials(low)) << N;
+    EXPECT_GT(partial_bytes(saving, d), 3 * partial_bytes(low, d)) << N;
     EXPECT_LT(low.tail_parts, low.split_in.parts) << N;
     EXPECT_EQ(saving.tail_parts, saving.split_in.parts) << N;
   }
