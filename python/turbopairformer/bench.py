@@ -892,6 +892,14 @@ def main(argv=None):
         "attention_accuracy_peaked.json, pairformer.json or pairformer_breakdown.json, then stop",
     )
     ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="PAIRFORMER_JSON",
+        default=None,
+        help="join pairformer.json tables of separate calls on one GPU into one (later calls' "
+        "measured cases replace earlier rows of the same case), written to --out, then stop",
+    )
+    ap.add_argument(
         "--budget",
         type=float,
         default=None,
@@ -900,6 +908,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.resume and (not args.pairformer or args.breakdown):
         ap.error("--resume continues a --pairformer table (not --breakdown)")
+    if args.merge:
+        from . import bench_pairformer
+
+        if not args.out:
+            ap.error("--merge writes to --out (a folder; its pairformer.* are replaced)")
+        tables = [json.loads(Path(p).read_text()) for p in args.merge]
+        gpu, rows, commands = bench_pairformer.merged(tables)
+        bench_pairformer.write(rows, Path(args.out), gpu, commands)
+        return
     if args.replot and Path(args.replot).stem in (
         "attention_accuracy_peaked",
         "pairformer",

@@ -279,6 +279,30 @@ def _kept_rows(out_dir: Path, gpu: str):
     return kept, commands, retry, dropped
 
 
+def merged(tables):
+    """One table from the pairformer.json data of separate calls (a call that did not --resume
+    from the others, say), in order: the calls' commands in sequence, each row's call renumbered
+    to match, and per case the latest measured (or out-of-memory) row; a later stopped, failed
+    or unfinished row replaces only another such row. Returns (gpu, rows, commands)."""
+    gpus = {t.get("gpu") for t in tables}
+    if len(gpus) != 1:
+        raise SystemExit(
+            f"turbopairformer.bench: --merge: the tables were measured on {sorted(map(str, gpus))}; "
+            "one table holds one GPU's runs"
+        )
+    cases, commands = {}, []
+    for t in tables:
+        for r in t["rows"]:
+            row = dict(r, call=r.get("call", 0) + len(commands))
+            key = (row["backend"], row["mode"], row["N"])
+            old = cases.get(key)
+            measured = row.get("status", "out of memory") == "out of memory"
+            if old is None or measured or "status" in old and old["status"] != "out of memory":
+                cases[key] = row
+        commands += commands_of(t)
+    return gpus.pop(), _ordered(list(cases.values())), commands
+
+
 def run(Ns, modes, out_dir: Path, gpu: str, command: str, only=None, resume=False, budget=None):
     """Every (N, mode, backend) case, smallest N first, the table rewritten before and after
     each, so that a killed call loses only the case it was in, which its row then says (RUNNING).

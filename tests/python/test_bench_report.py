@@ -539,6 +539,39 @@ def test_pairformer_resume_refuses_another_gpu_or_a_broken_table(tmp_path, monke
         bp.run([256], ["eager"], tmp_path, "GPU A", "cmd 2", resume=True)
 
 
+def test_pairformer_tables_of_separate_calls_merge(tmp_path, monkeypatch):
+    """--merge joins the tables of calls that did not resume from each other: the second's
+    calls follow the first's, its measured rows replace the first's for the same case, and its
+    stopped rows do not replace measured ones; tables of two GPUs are refused."""
+    bp = _fake_pairformer(monkeypatch, [])
+    a, b = tmp_path / "a", tmp_path / "b"
+    bp.run([256, 512], ["eager"], a, "GPU", "cmd a", budget=15)  # 512 stopped
+    bp.run([256, 512], ["eager"], b, "GPU", "cmd b", only=["pytorch"])
+    data = json.loads((b / "pairformer.json").read_text())
+    for r in data["rows"]:
+        if (r["backend"], r["N"]) == ("pytorch", 256):
+            r.clear()
+            r.update(backend="pytorch", mode="eager", N=256, status="stopped", call=0)
+    (b / "pairformer.json").write_text(json.dumps(data))
+    out = tmp_path / "merged"
+    bench.main(
+        ["--merge", str(a / "pairformer.json"), str(b / "pairformer.json"), "--out", str(out)]
+    )
+    merged = json.loads((out / "pairformer.json").read_text())
+    assert merged["commands"] == ["cmd a", "cmd b"]
+    cases = {(r["backend"], r["N"]): (r.get("status"), r["call"]) for r in merged["rows"]}
+    assert cases[("pytorch", 256)] == (None, 0)  # b's stopped row does not replace a's
+    assert cases[("pytorch", 512)] == (None, 1)  # b's measured row replaces a's stopped one
+    assert cases[("turbopairformer", 512)] == ("stopped: --budget 15 s reached", 0)
+    assert "1. `cmd b`" in (out / "pairformer.md").read_text()
+    other = dict(data, gpu="GPU B")
+    (b / "pairformer.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="one GPU"):
+        bench.main(
+            ["--merge", str(a / "pairformer.json"), str(b / "pairformer.json"), "--out", str(out)]
+        )
+
+
 def test_resume_is_refused_outside_the_pairformer_table():
     with pytest.raises(SystemExit):
         bench.main(["--resume", "--n", "256"])
