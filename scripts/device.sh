@@ -41,7 +41,9 @@
 #                                             compiled with CUDA graphs, captured whole
 #                                             (dev/scripts/device_compiled_step.py; default N
 #                                             256, every variant) into $OUT/compiled_step.txt
-#   scripts/device.sh breakdown [DIR] [N]     each pair-track module alone, our kernels' share
+#   scripts/device.sh breakdown [DIR] [N] [MODES]  each pair-track module alone against a fixed
+#                                             output gradient, our kernels' share, eager and
+#                                             compiled (MODES: default eager,compile)
 #   scripts/device.sh peaked-accuracy [DIR] [N]  attention gradients on peaked softmax rows, peers too
 #
 # PyTorch comes from the machine's python3. wheel-test links its site-packages into the fresh
@@ -194,7 +196,8 @@ PY
     "$PY" -m turbopairformer.bench --attention-accuracy "${2:-256,384}" --d 16,32 --out "${1:-bench/results/h200}"
     ;;
   breakdown)
-    "$PY" -m turbopairformer.bench --pairformer --breakdown --n "${2:-768}" --out "${1:-bench/results/h200}"
+    "$PY" -m turbopairformer.bench --pairformer --breakdown --n "${2:-768}" --modes "${3:-eager,compile}" \
+      --out "${1:-bench/results/h200}"
     ;;
   -h|--help|"")
     sed -n '2,/^set -uo/p' "$0" | sed '$d'

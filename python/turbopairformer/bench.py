@@ -844,7 +844,9 @@ def main(argv=None):
         "at --n",
     )
     ap.add_argument(
-        "--modes", default="eager,compile", help="with --pairformer: eager, compile or both"
+        "--modes",
+        default="eager,compile",
+        help="with --pairformer (and --breakdown): eager, compile or both",
     )
     ap.add_argument(
         "--resume",
@@ -1004,7 +1006,8 @@ def main(argv=None):
         out = _out_dir(args.out, gpu)
         backends = args.backends.split(",") if args.backends else None
         if args.breakdown:
-            bench_pairformer.breakdown(Ns, out, gpu, command, only=backends)
+            modes = args.modes.split(",")
+            bench_pairformer.breakdown(Ns, out, gpu, command, only=backends, modes=modes)
             print(f"written {out}/pairformer_breakdown.md")
             return
         bench_pairformer.run(

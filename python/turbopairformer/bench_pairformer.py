@@ -17,7 +17,9 @@ the plain-PyTorch block (same weights, no autocast), and whether two backward pa
 bitwise-identical parameter gradients (dropout off for that check). The pair track column times
 the block's pair stack alone (both multiplicative updates, both triangle attentions, the pair
 transition: the Pairformer issue's "pair-track block") with the z part of the loss, in the same
-mode.
+mode; the column after it times the same forward + backward against a fixed gradient of the
+pair stack's output (masked, fp32, as the next block would pass it), without the loss's passes
+over the N^2 x c_z output.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     base = torch.cuda.memory_allocated()
     row["block_fwd_bwd_ms"] = _median_ms(step, iters)
     row["block_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-    row["pair_fwd_bwd_ms"] = _pair_track_ms(block, mode, z, pm, iters)
+    row["pair_fwd_bwd_ms"], row["pair_dz_given_ms"] = _pair_track_ms(block, mode, z, pm, iters)
 
     # accuracy and repeatability, dropout off
     block.eval()
@@ -193,11 +195,16 @@ def _block_case(block_cls, mode, weights, inputs, iters):
 
 
 def _pair_track_ms(block, mode, z, pm, iters):
-    """The block's pair stack alone, forward + backward (training mode, run as the block ran)."""
+    """The block's pair stack alone, forward + backward (training mode, run as the block ran):
+    ms with the bench's loss, and ms against a fixed output gradient."""
     pair = block.pair_stack
-    step = _pair_step(torch.compile(pair) if mode == "compile" else pair, z, pm)
-    step()  # compile
-    return _median_ms(step, iters)
+    pair = torch.compile(pair) if mode == "compile" else pair
+    dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
+    times = []
+    for step in (_pair_step(pair, z, pm), _pair_step(pair, z, pm, dz)):
+        step()  # compile (the first only)
+        times.append(_median_ms(step, iters))
+    return tuple(times)
 
 
 def _stack_case(stack_cls, mode, weights, inputs, iters):
@@ -397,6 +404,7 @@ COLUMNS = (
     "N",
     "block fwd+bwd ms",
     "pair track fwd+bwd ms",
+    "pair track, dz given ms",
     "block peak GiB",
     "4-block AdamW step ms",
     "stack peak GiB",
@@ -435,6 +443,7 @@ def write(rows, out_dir: Path, gpu: str, commands, plot_too=True):
                 r["N"],
                 f"{r['block_fwd_bwd_ms']:.2f}",
                 f"{r['pair_fwd_bwd_ms']:.2f}" if "pair_fwd_bwd_ms" in r else "",
+                f"{r['pair_dz_given_ms']:.2f}" if "pair_dz_given_ms" in r else "",
                 f"{r['block_peak_gib']:.2f}",
                 f"{r['stack4_step_ms']:.1f}",
                 f"{r['stack4_peak_gib']:.2f}",
@@ -584,8 +593,9 @@ def plot(rows, out_dir: Path):
 PAIR_PARTS = ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "pair_transition")
 
 
-def _pair_step(module, z, pm):
-    """One forward + backward of a pair-track module under bf16 autocast."""
+def _pair_step(module, z, pm, dz=None):
+    """One forward + backward of a pair-track module under bf16 autocast: the backward of the
+    bench's loss over valid pairs, or, with dz (the output's shape), out.backward(dz)."""
 
     def step():
         z.grad = None  # assigned, not accumulated (see _block_case)
@@ -593,7 +603,10 @@ def _pair_step(module, z, pm):
             module.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = module(z, pm)
-        (out.float() * pm[..., None]).square().mean().backward()
+        if dz is not None:
+            out.backward(dz)
+        else:
+            (out.float() * pm[..., None]).square().mean().backward()
 
     return step
 
@@ -638,10 +651,10 @@ def _kernel_ms(step, steps=3):
     return ours, rest, sorted(rows, key=lambda r: -r[1])[:30]
 
 
-def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
-    """Each pair-track module alone (forward + backward, eager), ours against the plain-PyTorch
-    reference, with the CUDA time of our kernels apart from everything around them. only: the
-    backends to run (default both)."""
+def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None, modes=("eager",)):
+    """Each pair-track module alone (forward + backward against a fixed output gradient, in each
+    of modes: eager, compile), ours against the plain-PyTorch reference, with the CUDA time of our
+    kernels apart from everything around them. only: the backends to run (default both)."""
     from .pairformer import PairBlock
     from .reference import OpenFold3PairBlock
 
@@ -658,19 +671,22 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
     for N in Ns:
         _, z, _, pm = _inputs(N)
         z = z.requires_grad_(True)
+        dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
         pairs = (("turbopairformer", PairBlock), ("pytorch", OpenFold3PairBlock))
         for name, cls in pairs:
             if only is not None and name not in only:
                 continue
             blk = cls(**config).cuda().train()
             blk.load_state_dict(weights)
-            for part in (*PAIR_PARTS, "pair_stack"):
-                step = _pair_step(_part(blk, part, name == "pytorch"), z, pm)
+            for mode, part in ((m, p) for m in modes for p in (*PAIR_PARTS, "pair_stack")):
+                fn = _part(blk, part, name == "pytorch")
+                step = _pair_step(torch.compile(fn) if mode == "compile" else fn, z, pm, dz)
                 ms = _median_ms(step, iters)
                 ours, rest, top = _kernel_ms(step)
                 rows.append(
                     {
                         "backend": name,
+                        "mode": mode,
                         "N": N,
                         "part": part,
                         "ms": ms,
@@ -679,37 +695,38 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None):
                     }
                 )
                 if part == "pair_stack":
-                    tops.append((name, N, top))
-                print(f"{name} N={N} {part}: {ms:.2f} ms", file=sys.stderr, flush=True)
+                    tops.append({"backend": name, "mode": mode, "N": N, "kernels": top})
+                print(f"{name} {mode} N={N} {part}: {ms:.2f} ms", file=sys.stderr, flush=True)
             del blk
             torch.cuda.empty_cache()
-    write_breakdown(
-        rows, [{"backend": b, "N": N, "kernels": top} for b, N, top in tops], out_dir, gpu, command
-    )
+    write_breakdown(rows, tops, out_dir, gpu, command)
 
 
 def write_breakdown(rows, tops, out_dir: Path, gpu: str, command: str):
     """pairformer_breakdown.{md,json,png} from the module rows and, per backend and N, the top
     kernels of the pair stack ([name, ms per step, calls per step])."""
     lines = [
-        "Each module of one pair block alone, eager, bf16 autocast with fp32 weights, training "
-        "mode, B = 1, 5% padded tokens. ms: median CUDA-event time of a step; the kernel columns "
-        "split the profiler's CUDA time into our kernels (tpf::) and every other kernel.",
+        "Each module of one pair block alone, forward + backward against a fixed gradient of its "
+        "output (no loss), bf16 autocast with fp32 weights, training mode, B = 1, 5% padded "
+        "tokens, eager or under torch.compile (mode). ms: median CUDA-event time of a step; the "
+        "kernel columns split the profiler's CUDA time into our kernels (tpf::) and every other "
+        "kernel. (Tables made before the mode column timed eager steps with the bench's loss.)",
         "",
         "![where the pair stack's time goes](pairformer_breakdown.png)",
         "",
-        "| backend | N | module | fwd+bwd ms | our kernels ms | other kernels ms |",
-        "|---|---|---|---|---|---|",
+        "| backend | mode | N | module | fwd+bwd ms | our kernels ms | other kernels ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['backend']} | {r['N']} | {r['part']} | {r['ms']:.2f} | "
-            f"{r['tpf_kernels_ms']:.2f} | {r['other_kernels_ms']:.2f} |"
+            f"| {r['backend']} | {r.get('mode', 'eager')} | {r['N']} | {r['part']} | "
+            f"{r['ms']:.2f} | {r['tpf_kernels_ms']:.2f} | {r['other_kernels_ms']:.2f} |"
         )
     for t in tops:
         lines += [
             "",
-            f"Top kernels of the {t['backend']} pair block at N = {t['N']} (ms per step):",
+            f"Top kernels of the {t['backend']} pair block at N = {t['N']}, "
+            f"{t.get('mode', 'eager')} (ms per step):",
             "",
         ]
         lines += ["| kernel | ms | calls |", "|---|---|---|"]
@@ -741,12 +758,14 @@ KERNEL_GROUPS = (
     ("residual adds", r"tpf::residual::"),
     ("cuBLAS GEMMs", r"nvjet|cutlass|gemm|sm90_xmma"),
     ("PyTorch elementwise", r"at::native"),
+    ("inductor (Triton) kernels", r"^triton_"),
 )
 
 
 def plot_breakdown(rows, tops, out_dir: Path):
     """pairformer_breakdown.png: the pair stack's CUDA time by kernel group (the top kernels;
-    the rest as one bar), and each module's time split into our kernels and the others."""
+    the rest as one bar), and each module's time split into our kernels and the others, for the
+    first backend and mode of the table (ours, eager, when they ran)."""
     import re
 
     import matplotlib
@@ -755,7 +774,12 @@ def plot_breakdown(rows, tops, out_dir: Path):
     import matplotlib.pyplot as plt
 
     for t in tops[:1]:  # the first backend's stack (ours when both ran)
-        stack = next(r for r in rows if r["backend"] == t["backend"] and r["part"] == "pair_stack")
+        same = [
+            r
+            for r in rows
+            if r["backend"] == t["backend"] and r.get("mode", "eager") == t.get("mode", "eager")
+        ]
+        stack = next(r for r in same if r["part"] == "pair_stack")
         groups = {label: 0.0 for label, _ in KERNEL_GROUPS}
         for name, ms, _ in t["kernels"]:
             label = next((lb for lb, pat in KERNEL_GROUPS if re.search(pat, name)), "other")
@@ -774,9 +798,10 @@ def plot_breakdown(rows, tops, out_dir: Path):
             a.text(v, y, f" {v:.2f}", va="center", fontsize=8)
         a.set_xlabel("ms per step")
         a.set_title(
-            f"{t['backend']} pair stack, N = {t['N']}: {stack['ms']:.2f} ms by kernel group"
+            f"{t['backend']} pair stack ({t.get('mode', 'eager')}), N = {t['N']}: "
+            f"{stack['ms']:.2f} ms by kernel group"
         )
-        mods = [r for r in rows if r["backend"] == t["backend"] and r["part"] != "pair_stack"]
+        mods = [r for r in same if r["part"] != "pair_stack"]
         names = [r["part"] for r in mods][::-1]
         ours = [r["tpf_kernels_ms"] for r in mods][::-1]
         other = [r["other_kernels_ms"] for r in mods][::-1]

@@ -197,6 +197,7 @@ def test_pairformer_report_files(tmp_path):
             "first_call_s": 1.0,
             "block_fwd_bwd_ms": 12.5,
             "pair_fwd_bwd_ms": 11.25,
+            "pair_dz_given_ms": 10.5,
             "block_peak_gib": 2.0,
             "stack4_step_ms": 60.0,
             "stack4_peak_gib": 3.0,
@@ -212,7 +213,8 @@ def test_pairformer_report_files(tmp_path):
     )
     md = (tmp_path / "pairformer.md").read_text()
     assert (
-        "| turbopairformer | eager | 384 | 12.50 | 11.25 | 2.00 | 60.0 | 3.00 | 1.00e-02 | 2.00e-02 "
+        "| turbopairformer | eager | 384 | 12.50 | 11.25 | 10.50 | 2.00 | 60.0 | 3.00 | 1.00e-02 "
+        "| 2.00e-02 "
         "| yes | 1.0 |" in md
     )
     assert "| pytorch | compile | 1024 | out of memory |" in md
@@ -286,7 +288,35 @@ def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
     weights = {n: p.detach() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
     row = bp.measure("turbopairformer", "eager", 3, weights, iters=1)
     assert row["grads_bitwise_repeatable"] and row["z_rel_err_vs_fp32"] < 1e-5
-    assert {"block_fwd_bwd_ms", "stack4_step_ms", "s_rel_err_vs_fp32"} <= set(row)
+    assert {"block_fwd_bwd_ms", "stack4_step_ms", "s_rel_err_vs_fp32", "pair_dz_given_ms"} <= set(
+        row
+    )
+
+
+def test_breakdown_runs_each_mode_on_the_cpu(tmp_path, monkeypatch):
+    """bench --pairformer --breakdown with the CUDA calls stubbed: every module of both backends
+    runs forward + backward in each mode (compile through torch.compile), and the table has a row
+    and a top-kernel list per backend and mode."""
+    import torch
+
+    from turbopairformer import bench_pairformer as bp
+
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    monkeypatch.setattr(bp, "_median_ms", lambda fn, iters: (fn(), 1.0)[1])
+    monkeypatch.setattr(bp, "_kernel_ms", lambda step: (0.5, 0.25, [["k", 0.5, 1]]))
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
+    monkeypatch.setattr(
+        bp, "_inputs", lambda N: (None, torch.randn(1, N, N, 128), None, torch.ones(1, N, N))
+    )
+    bp.breakdown([3], tmp_path, "Fake GPU", "cmd", iters=1, modes=("eager", "compile"))
+    rows = json.loads((tmp_path / "pairformer_breakdown.json").read_text())["rows"]
+    assert len(rows) == 2 * 2 * 6 and len(compiled) == 2 * 6
+    md = (tmp_path / "pairformer_breakdown.md").read_text()
+    assert "| turbopairformer | compile | 3 | pair_stack | 1.00 | 0.50 | 0.25 |" in md
+    assert "Top kernels of the pytorch pair block at N = 3, compile (ms per step):" in md
 
 
 def test_peaked_accuracy_table_on_cpu(tmp_path):
@@ -359,7 +389,8 @@ def test_breakdown_files_and_replot(tmp_path):
     tops = [{"backend": "turbopairformer", "N": 768, "kernels": kernels}]
     bp.write_breakdown(rows, tops, tmp_path, "Fake GPU", "python -m turbopairformer.bench --x")
     md = (tmp_path / "pairformer_breakdown.md").read_text()
-    assert "| turbopairformer | 768 | pair_stack | 8.00 | 3.00 | 1.50 |" in md
+    # rows of tables made before the mode column read as eager
+    assert "| turbopairformer | eager | 768 | pair_stack | 8.00 | 3.00 | 1.50 |" in md
     assert "| `nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNN` | 0.500 | 3 |" in md
     data = json.loads((tmp_path / "pairformer_breakdown.json").read_text())
     assert data["top_kernels"] == tops
