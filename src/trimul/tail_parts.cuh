@@ -156,24 +156,27 @@ __device__ __forceinline__ void load_da(const TailArgs& a, uint32_t dst, int nt,
 }
 
 // [p | g] = x̂ Wcat_ntᵀ + bias for the consumer's 64 rows (fp16; both logits of a channel in one
-// thread's pair: wcat interleaves them). The accumulators start from the bias, so its loads are
-// in flight before the product rather than in the epilogue's chains.
+// thread's pair: wcat interleaves them). The product starts from zero and the bias loads are
+// issued while it runs, then added: accumulators written by plain moves before the fence make
+// ptxas serialize every wgmma of the kernel (C7520), the d x̂ products' included.
 __device__ __forceinline__ void recompute(float (&pg)[64], const TailSmem& s, int c, const float* bias) {
   const int t = threadIdx.x & 3;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float2 b = *reinterpret_cast<const float2*>(bias + 8 * i + 2 * t);
-    pg[4 * i] = pg[4 * i + 2] = b.x;
-    pg[4 * i + 1] = pg[4 * i + 3] = b.y;
-  }
   dev::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk)
     dev::Wgmma<__half, 0, 0>::run(pg, k_desc(s.xhat(c), TailSmem::kWgTile / 2, kk),
-                                  k_desc(s.base + TailSmem::kWcat, TailSmem::kWgTile, kk), 1);
+                                  k_desc(s.base + TailSmem::kWcat, TailSmem::kWgTile, kk), kk > 0);
   dev::wgmma_commit();
+  float2 b[16];  // [n8 tile] this thread's two channels' biases
+#pragma unroll
+  for (int i = 0; i < 16; ++i) b[i] = *reinterpret_cast<const float2*>(bias + 8 * i + 2 * t);
   dev::wgmma_wait<0>();
   dev::wgmma_fence_operands(pg);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    pg[4 * i] += b[i].x, pg[4 * i + 2] += b[i].x;
+    pg[4 * i + 1] += b[i].y, pg[4 * i + 3] += b[i].y;
+  }
 }
 
 // d x̂ += A Wraw_tile over 128 dlin columns, A from `a_hi` (and `a_lo`: the same columns' low
