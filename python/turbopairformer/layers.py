@@ -66,10 +66,13 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 COMPILED_NODE_MIN_PAIRS = 640 * 640
 
 # Set by PairformerStack while dynamo traces its checkpointed blocks: there the composed ops run.
-# With the nodes inside its compiled checkpoints a 4-block stack at N = 768 peaked at 27.5 GiB
-# on the H200 against 11.0 with the composed ops, as if every block's saved sets lived at once
-# (docs/perf-notes.md, fourteenth and fifteenth sessions). The cause is not isolated: on the CPU
-# the compiled backward recomputes the nodes block by block.
+# With the nodes inside its compiled checkpoints every block's saved sets live at once (a 4-block
+# stack at N = 768 peaked at 27.5 GiB on the H200 against 11.0 with the composed ops): a block
+# ends in a getitem of the transition op's tuple, which the min-cut partitioner recomputes
+# rather than saves, so each block's recompute chains back to the stack's input and the backward
+# recomputes every block first (docs/perf-notes.md, eighteenth session;
+# dev/scripts/cpu_checkpoint_order.py shows it on the CPU). A copying op at each checkpoint's end
+# fixes the order there; until its cost is measured on a GPU the composed ops stay.
 _IN_COMPILED_CHECKPOINT = False
 
 
