@@ -50,9 +50,7 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
   const float to_log2 = unit * kLog2e;
   Mma mma(sm.q, sm.k, sm.v, warp, lane);
   [[maybe_unused]] float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o);  // wgmma's view
-  // One key tile. kFirst (wgmma): no PV of a previous tile to issue.
-  const auto tile = [&](auto first, int j) {
-    constexpr bool kFirst = decltype(first)::value;
+  for (int j = 0; j < loads.n_tiles; ++j) {
     const int stage = j % Cfg::kStages;
     loads.wait(j);
     __syncthreads();  // one barrier per tile: every warp has finished tile j - 1
@@ -60,24 +58,16 @@ __global__ void __launch_bounds__(FwdCfg<BiasT, D, kTma>::kThreads, (fwd_min_blo
 
     float sc[NT][4];  // [n8 tile][C fragment]: the scores of 16 rows x BK keys per warp
     mask.scores_from_mask(sc, stage, t);
-    mma.template scores<kFirst>(sc, o_flat, stage, dev::smem_addr(sm.k + stage * BK * D));
+    mma.scores(sc, o_flat, stage, j, dev::smem_addr(sm.k + stage * BK * D));
     loads.next(j, stage);
     mask.advance(j, Cfg::kStages);
-    Mma::template wait_scores<kFirst>(sc);
+    Mma::wait_scores(sc);
     add_pair_bias<T, BiasT, D, kTma>(sc, sm.bias + stage * Smem::kBiasBytes, unscale, a.scale, warp, lane);
     float alpha[2];
     softmax.exponentiate(sc, to_log2, alpha);
     Mma::wait_pv(sc, o_flat);
     OnlineSoftmax::rescale(o, lsum, alpha);
     mma.pv(sc, o, lsum, sm.v + stage * BK * D);
-  };
-  // wgmma: the first tile as its own instantiation (FwdMma::scores says why; n_tiles >= 1, as a
-  // launch covers N >= 1 keys); mma.sync: one loop.
-  if constexpr (Mma::kWgmma) {
-    tile(std::true_type{}, 0);
-    for (int j = 1; j < loads.n_tiles; ++j) tile(std::false_type{}, j);
-  } else {
-    for (int j = 0; j < loads.n_tiles; ++j) tile(std::false_type{}, j);
   }
   if constexpr (Mma::kWgmma) {
     loads.wait_last_v();

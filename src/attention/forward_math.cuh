@@ -56,13 +56,10 @@ struct FwdMma {
   }
 
   // sc (holding the key mask) += QK^T of the tile in `stage`. wgmma: issued asynchronously with
-  // the previous tile's PV (all but the first tile), both waited for by wait_scores / wait_pv;
-  // the loads issued next then cover the products' latency. The first tile is its own
-  // instantiation: a commit after a PV batch issued under a runtime condition makes ptxas add an
-  // empty wgmma group on every path (C7519), and wait_scores's wait for all but the newest group
-  // would then wait for the PV too.
-  template <bool kFirst>
-  __device__ __forceinline__ void scores(float (&sc)[NT][4], float (&o_flat)[DT * 4], int stage, uint32_t tK) const {
+  // the previous tile's PV (j > 0), both waited for by wait_scores / wait_pv; the loads issued
+  // next then cover the products' latency.
+  __device__ __forceinline__ void scores(float (&sc)[NT][4], float (&o_flat)[DT * 4], int stage, int j,
+                                         uint32_t tK) const {
     if constexpr (kWgmma) {
       float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(sc);
       dev::wgmma_fence();
@@ -72,11 +69,11 @@ struct FwdMma {
         else dev::WgmmaSS<T, BK, 0, 0>::run(s_flat, q_desc(ks), k_desc(stage, ks), 1);
       }
       dev::wgmma_commit();
-      if constexpr (!kFirst) {
+      if (j > 0) {
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) dev::WgmmaN32RS<T, 1>::run(o_flat, pa_prev[kk], v_desc(stage ^ 1, kk), 1);
-        dev::wgmma_commit();
       }
+      dev::wgmma_commit();
     } else {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
@@ -89,10 +86,9 @@ struct FwdMma {
     }
   }
   // wgmma: QK^T done (the previous tile's PV may still run).
-  template <bool kFirst>
   __device__ __forceinline__ static void wait_scores(float (&sc)[NT][4]) {
     if constexpr (kWgmma) {
-      dev::wgmma_wait<kFirst ? 0 : 1>();
+      dev::wgmma_wait<1>();
       dev::wgmma_fence_operands(reinterpret_cast<float(&)[NT * 4]>(sc));
     }
   }
