@@ -206,8 +206,7 @@ __device__ void consume(const TmaRing<kTmaBlockM<Epi>, Epi::kBlockN, Epi::kStage
 #pragma unroll
     for (int h = 0; h < kParts; ++h) dev::wgmma_fence_operands(acc[h]);
     if (prev >= 0 && lane == 0) dev::mbar_arrive(ring.empty(prev));
-    if constexpr (Epi::kSplitK) epi.tile(esmem, acc, cw, m0, n0, z, k);
-    else epi.tile(esmem, acc, cw, m0, n0, z, k);
+    epi.tile(esmem, acc, cw, m0, n0, z, k);  // z: the matrix, or the split-K chunk
   }
   epi.finish(cw);
 }

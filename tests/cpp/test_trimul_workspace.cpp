@@ -187,14 +187,14 @@ TEST_P(TrimulWorkspace, AlignedInBoundsAndDisjoint) {
   }
 }
 
-// Saving moves the saved set out of the workspaces: each shrinks. The recomputing (low-memory)
-// backward holds the saved set itself, and dlin for one chunk of the tail with dgate beside it.
 // The weight gradients' split-K partials a plan holds: dW_in's high/low and low-part products
 // for one tail chunk, dWz's for the whole product.
 int64_t partial_bytes(const Workspace& w, const Dims& d) {
   return (w.tail_parts * (2 * d.C * d.proj_cols() + d.C * 4 * d.Ch) + w.split_out.parts * 2 * d.C * d.Ch) * 4;
 }
 
+// Saving moves the saved set out of the workspaces: each shrinks. The recomputing (low-memory)
+// backward holds the saved set itself, and dlin for one chunk of the tail with dgate beside it.
 TEST(TrimulWorkspaceSizes, SavedSetLeavesTheWorkspaces) {
   for (int64_t N : {7, 100}) {
     const Dims d{1, N, (N + 7) / 8 * 8, 128, 128};
