@@ -120,6 +120,22 @@ def _median_ms(fn, iters):
     return statistics.median(times)
 
 
+def _queued_ms(fn, iters):
+    """ms a call of fn with iters calls queued back to back between one pair of events: the
+    host's work before a call's first kernel hides under the previous call's kernels, where
+    _median_ms (an idle GPU at each call's start) counts it."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
 def measure(name, mode, N, weights, iters=10):
     """One backend and mode at one N: the block's step, accuracy and repeatability, then the
     4-block stack's optimizer step (each part's tensors freed before the next)."""
@@ -681,6 +697,7 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None, mo
                 fn = _part(blk, part, name == "pytorch")
                 step = _pair_step(torch.compile(fn) if mode == "compile" else fn, z, pm, dz)
                 ms = _median_ms(step, iters)
+                queued = _queued_ms(step, iters)
                 ours, rest, top = _kernel_ms(step)
                 rows.append(
                     {
@@ -689,6 +706,7 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None, mo
                         "N": N,
                         "part": part,
                         "ms": ms,
+                        "queued_ms": queued,
                         "tpf_kernels_ms": ours,
                         "other_kernels_ms": rest,
                     }
@@ -707,19 +725,24 @@ def write_breakdown(rows, tops, out_dir: Path, gpu: str, command: str):
     lines = [
         "Each module of one pair block alone, forward + backward against a fixed gradient of its "
         "output (no loss), bf16 autocast with fp32 weights, training mode, B = 1, 5% padded "
-        "tokens, eager or under torch.compile (mode). ms: median CUDA-event time of a step; the "
+        "tokens, eager or under torch.compile (mode). ms: median CUDA-event time of a step, "
+        "each started on an idle GPU; queued ms: the mean of steps queued back to back (the "
+        "host's work before a step's first kernel hidden under the previous step); the "
         "kernel columns split the profiler's CUDA time into our kernels (tpf::) and every other "
         "kernel. (Tables made before the mode column timed eager steps with the bench's loss.)",
         "",
         "![where the pair stack's time goes](pairformer_breakdown.png)",
         "",
-        "| backend | mode | N | module | fwd+bwd ms | our kernels ms | other kernels ms |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | mode | N | module | fwd+bwd ms | queued ms | our kernels ms | "
+        "other kernels ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        queued = f"{r['queued_ms']:.2f}" if "queued_ms" in r else ""
         lines.append(
             f"| {r['backend']} | {r.get('mode', 'eager')} | {r['N']} | {r['part']} | "
-            f"{r['ms']:.2f} | {r['tpf_kernels_ms']:.2f} | {r['other_kernels_ms']:.2f} |"
+            f"{r['ms']:.2f} | {queued} | {r['tpf_kernels_ms']:.2f} | "
+            f"{r['other_kernels_ms']:.2f} |"
         )
     for t in tops:
         lines += [

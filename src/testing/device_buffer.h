@@ -9,7 +9,11 @@
 namespace tpf::harness {
 
 inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  if (e == cudaSuccess) return;
+  // A failed call (a cudaMalloc out of memory) also sets the thread's last error, which the next
+  // launch's check would report as its own: the next test would fail for this one's cause.
+  (void)cudaGetLastError();
+  throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
 class DeviceBuffer {

@@ -305,6 +305,7 @@ def test_breakdown_runs_each_mode_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
     monkeypatch.setattr(bp, "_median_ms", lambda fn, iters: (fn(), 1.0)[1])
+    monkeypatch.setattr(bp, "_queued_ms", lambda fn, iters: (fn(), 0.75)[1])
     monkeypatch.setattr(bp, "_kernel_ms", lambda step: (0.5, 0.25, [["k", 0.5, 1]]))
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
@@ -315,7 +316,7 @@ def test_breakdown_runs_each_mode_on_the_cpu(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "pairformer_breakdown.json").read_text())["rows"]
     assert len(rows) == 2 * 2 * 6 and len(compiled) == 2 * 6
     md = (tmp_path / "pairformer_breakdown.md").read_text()
-    assert "| turbopairformer | compile | 3 | pair_stack | 1.00 | 0.50 | 0.25 |" in md
+    assert "| turbopairformer | compile | 3 | pair_stack | 1.00 | 0.75 | 0.50 | 0.25 |" in md
     assert "Top kernels of the pytorch pair block at N = 3, compile (ms per step):" in md
 
 
@@ -389,8 +390,8 @@ def test_breakdown_files_and_replot(tmp_path):
     tops = [{"backend": "turbopairformer", "N": 768, "kernels": kernels}]
     bp.write_breakdown(rows, tops, tmp_path, "Fake GPU", "python -m turbopairformer.bench --x")
     md = (tmp_path / "pairformer_breakdown.md").read_text()
-    # rows of tables made before the mode column read as eager
-    assert "| turbopairformer | eager | 768 | pair_stack | 8.00 | 3.00 | 1.50 |" in md
+    # rows of tables made before the mode and queued columns read as eager, queued left empty
+    assert "| turbopairformer | eager | 768 | pair_stack | 8.00 |  | 3.00 | 1.50 |" in md
     assert "| `nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNN` | 0.500 | 3 |" in md
     data = json.loads((tmp_path / "pairformer_breakdown.json").read_text())
     assert data["top_kernels"] == tops

@@ -1,0 +1,143 @@
+"""On the GPU machine: where the GPU idles inside one pair-track training step, and what the host
+was doing then.
+
+A step timed from an idle GPU (bench --pairformer's pair track) exceeds the same steps queued back
+to back by the GPU's idle time inside it: before the first kernel, and wherever the host falls
+behind the kernels. This profiles one step (torch.profiler, CPU ops and CUDA kernels, as a
+Chrome trace), merges the kernels of every stream into busy intervals, and lists each idle gap
+over --min-us with the kernel after it and the host ops that enclosed that kernel's launch
+(outermost first), then the idle total. Profiling adds host time per op, so the gaps read high;
+their places are what counts. --host instead times the host without the profiler: when each of
+a step's first C calls of the library starts (medians over steps, ms from the step's start), when
+the host is done, and the step's CUDA-event time from an idle GPU and queued back to back.
+Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_gpu_gaps.py
+       [--n 768] [--modes eager,compile] [--module pair_stack] [--min-us 20] [--host]"""
+
+import argparse
+import collections
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from turbopairformer import _calls
+from turbopairformer.bench_pairformer import (
+    PAIR_PARTS,
+    _inputs,
+    _median_ms,
+    _pair_step,
+    _part,
+    _queued_ms,
+)
+from turbopairformer.pairformer import PairBlock
+from turbopairformer.reference import OpenFold3PairBlock
+
+CONFIG = dict(c_z=128, c_hidden_mul=128, c_hidden_pair_att=32, no_heads_pair=4, transition_n=4)
+
+
+def trace(step):
+    """The Chrome-trace events of one profiled step (after three warm-up steps)."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return json.load(open(f.name))["traceEvents"]
+
+
+def gaps(events, min_us):
+    """(idle gaps [(start us, length us, kernel after, host ops around its launch)], busy us,
+    span us from the first host op to the last kernel's end)."""
+    kernels = sorted(
+        (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+        key=lambda e: e["ts"],
+    )
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    ops = [e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"]
+    start = min(e["ts"] for e in ops)
+    out, busy, end = [], 0.0, start
+    for k in kernels:
+        if k["ts"] - end > min_us:
+            launch = launches.get(k["args"].get("correlation"))
+            t = launch["ts"] if launch else k["ts"]
+            around = sorted(
+                (o for o in ops if o["ts"] <= t <= o["ts"] + o["dur"]), key=lambda o: o["ts"]
+            )
+            out.append((end - start, k["ts"] - end, k["name"], [o["name"] for o in around]))
+        busy += max(0.0, k["ts"] + k["dur"] - max(end, k["ts"]))
+        end = max(end, k["ts"] + k["dur"])
+    return out, busy, end - start
+
+
+def host_timeline(step, steps=10, first=8):
+    """(median ms from a step's start to each of its first C calls [(name, ms)], median host ms
+    of the whole step), with the library's C calls time-stamped."""
+    stamps = []
+    call = _calls.check_call
+
+    def stamped(fn, a, *args):
+        stamps.append((fn.__name__, time.perf_counter()))
+        call(fn, a, *args)
+
+    _calls.check_call = stamped
+    try:
+        for _ in range(3):
+            step()
+        at, ends = collections.defaultdict(list), []
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            stamps.clear()
+            t0 = time.perf_counter()
+            step()
+            ends.append((time.perf_counter() - t0) * 1e3)
+            for i, (name, t) in enumerate(stamps[:first]):
+                at[(i, name)].append((t - t0) * 1e3)
+    finally:
+        _calls.check_call = call
+    return [(n, statistics.median(v)) for (_, n), v in sorted(at.items())], statistics.median(ends)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--n", type=int, default=768)
+    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--module", default="pair_stack", choices=(*PAIR_PARTS, "pair_stack"))
+    ap.add_argument("--min-us", type=float, default=20.0)
+    ap.add_argument("--host", action="store_true", help="the host's timeline, no profiler")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock(**CONFIG).state_dict().items()}
+    _, z, _, pm = _inputs(args.n)
+    z = z.requires_grad_(True)
+    dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
+    blk = PairBlock(**CONFIG).cuda().train()
+    blk.load_state_dict(weights)
+    for mode in args.modes.split(","):
+        fn = _part(blk, args.module, False)
+        step = _pair_step(torch.compile(fn) if mode == "compile" else fn, z, pm, dz)
+        if args.host:
+            calls, host = host_timeline(step)
+            print(f"\n{mode} {args.module} N={args.n}: host {host:.2f} ms a step; from an idle "
+                  f"GPU {_median_ms(step, 10):.2f} ms, queued {_queued_ms(step, 10):.2f} ms")
+            print("  C calls start at: " + ", ".join(f"{n[4:]} {t:.3f}" for n, t in calls))
+            continue
+        found, busy, span = gaps(trace(step), args.min_us)
+        print(f"\n{mode} {args.module} N={args.n}: span {span / 1e3:.2f} ms, kernels busy "
+              f"{busy / 1e3:.2f} ms, idle {(span - busy) / 1e3:.2f} ms in {len(found)} gaps "
+              f"over {args.min_us:g} us")
+        for at, length, name, around in found:
+            host = " > ".join(a[:40] for a in around[-4:])
+            print(f"  at {at / 1e3:6.2f} ms idle {length:7.1f} us before {name[:60]}  [{host}]")
+
+
+if __name__ == "__main__":
+    main()
