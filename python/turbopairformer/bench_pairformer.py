@@ -17,8 +17,10 @@ the plain-PyTorch block (same weights, no autocast), and whether two backward pa
 bitwise-identical parameter gradients (dropout off for that check). The pair track column times
 the block's pair stack alone (both multiplicative updates, both triangle attentions, the pair
 transition: the Pairformer issue's "pair-track block") with the z part of the loss, in the same
-mode; the column after it times the same forward + backward against a fixed gradient of the
-pair stack's output (masked, fp32, as the next block would pass it), without the loss's passes
+mode, each step started on an idle GPU (the host's work before the first kernel counts); the
+queued column times the same steps queued back to back (that host work hidden under the
+previous step's kernels, as in a training loop that does not wait on the GPU); the column after
+it times the forward + backward against a fixed gradient of the pair stack's output (masked, fp32, as the next block would pass it), without the loss's passes
 over the N^2 x c_z output.
 """
 
@@ -187,7 +189,8 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     base = torch.cuda.memory_allocated()
     row["block_fwd_bwd_ms"] = _median_ms(step, iters)
     row["block_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-    row["pair_fwd_bwd_ms"], row["pair_dz_given_ms"] = _pair_track_ms(block, mode, z, pm, iters)
+    pair = _pair_track_ms(block, mode, z, pm, iters)
+    row["pair_fwd_bwd_ms"], row["pair_queued_ms"], row["pair_dz_given_ms"] = pair
 
     # accuracy and repeatability, dropout off
     block.eval()
@@ -212,14 +215,14 @@ def _block_case(block_cls, mode, weights, inputs, iters):
 
 def _pair_track_ms(block, mode, z, pm, iters):
     """The block's pair stack alone, forward + backward (training mode, run as the block ran):
-    ms with the bench's loss, and ms against a fixed output gradient."""
+    ms with the bench's loss from an idle GPU, the same queued back to back, and ms against a
+    fixed output gradient."""
     pair = block.pair_stack
     pair = torch.compile(pair) if mode == "compile" else pair
     dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
+    step, given = _pair_step(pair, z, pm), _pair_step(pair, z, pm, dz)
     # _median_ms's warm-up calls compile (the first step only: the second reuses the graphs)
-    return tuple(
-        _median_ms(step, iters) for step in (_pair_step(pair, z, pm), _pair_step(pair, z, pm, dz))
-    )
+    return _median_ms(step, iters), _queued_ms(step, iters), _median_ms(given, iters)
 
 
 def _stack_case(stack_cls, mode, weights, inputs, iters):
@@ -419,6 +422,7 @@ COLUMNS = (
     "N",
     "block fwd+bwd ms",
     "pair track fwd+bwd ms",
+    "pair track, queued ms",
     "pair track, dz given ms",
     "block peak GiB",
     "4-block AdamW step ms",
@@ -458,6 +462,7 @@ def write(rows, out_dir: Path, gpu: str, commands, plot_too=True):
                 r["N"],
                 f"{r['block_fwd_bwd_ms']:.2f}",
                 f"{r['pair_fwd_bwd_ms']:.2f}" if "pair_fwd_bwd_ms" in r else "",
+                f"{r['pair_queued_ms']:.2f}" if "pair_queued_ms" in r else "",
                 f"{r['pair_dz_given_ms']:.2f}" if "pair_dz_given_ms" in r else "",
                 f"{r['block_peak_gib']:.2f}",
                 f"{r['stack4_step_ms']:.1f}",
