@@ -8,8 +8,8 @@ Chrome trace), merges the kernels of every stream into busy intervals, and lists
 over --min-us with the kernel after it and the host ops that enclosed that kernel's launch
 (outermost first), then the idle total. Profiling adds host time per op, so the gaps read high;
 their places are what counts. --host instead times the host without the profiler: when each of
-a step's first C calls of the library starts (medians over steps, ms from the step's start), when
-the host is done, and the step's CUDA-event time from an idle GPU and queued back to back.
+a step's first C calls of the library starts (medians over steps, ms from the step's start) and
+how long it takes on the host, when the host is done, and the step's CUDA-event time from an idle GPU and queued back to back.
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_gpu_gaps.py
        [--n 768] [--modes eager,compile] [--module pair_stack] [--min-us 20] [--host]"""
 
@@ -79,14 +79,15 @@ def gaps(events, min_us):
 
 
 def host_timeline(step, steps=10, first=8):
-    """(median ms from a step's start to each of its first C calls [(name, ms)], median host ms
-    of the whole step), with the library's C calls time-stamped."""
+    """(median ms from a step's start to each of its first C calls and the call's own host ms
+    [(name, start, ms)], median host ms of the whole step), the library's C calls time-stamped."""
     stamps = []
     call = _calls.check_call
 
     def stamped(fn, a, *args):
-        stamps.append((fn.__name__, time.perf_counter()))
+        t = time.perf_counter()
         call(fn, a, *args)
+        stamps.append((fn.__name__, t, time.perf_counter()))
 
     _calls.check_call = stamped
     try:
@@ -99,11 +100,13 @@ def host_timeline(step, steps=10, first=8):
             t0 = time.perf_counter()
             step()
             ends.append((time.perf_counter() - t0) * 1e3)
-            for i, (name, t) in enumerate(stamps[:first]):
-                at[(i, name)].append((t - t0) * 1e3)
+            for i, (name, t, done) in enumerate(stamps[:first]):
+                at[(i, name)].append(((t - t0) * 1e3, (done - t) * 1e3))
     finally:
         _calls.check_call = call
-    return [(n, statistics.median(v)) for (_, n), v in sorted(at.items())], statistics.median(ends)
+    med = statistics.median
+    calls = [(n, med(t for t, _ in v), med(d for _, d in v)) for (_, n), v in sorted(at.items())]
+    return calls, med(ends)
 
 
 def main():
@@ -128,7 +131,8 @@ def main():
             calls, host = host_timeline(step)
             print(f"\n{mode} {args.module} N={args.n}: host {host:.2f} ms a step; from an idle "
                   f"GPU {_median_ms(step, 10):.2f} ms, queued {_queued_ms(step, 10):.2f} ms")
-            print("  C calls start at: " + ", ".join(f"{n[4:]} {t:.3f}" for n, t in calls))
+            print("  C calls (start ms, own host ms): "
+                  + ", ".join(f"{n[4:]} {t:.3f} +{d:.3f}" for n, t, d in calls))
             continue
         found, busy, span = gaps(trace(step), args.min_us)
         print(f"\n{mode} {args.module} N={args.n}: span {span / 1e3:.2f} ms, kernels busy "

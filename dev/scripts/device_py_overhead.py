@@ -10,20 +10,7 @@ import torch
 
 import turbopairformer as tpf
 from turbopairformer.bench import attention_inputs
-
-
-def queued_ms(fn, iters):
-    """GPU time per call of back-to-back calls (after 3 warm-ups)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / iters
+from turbopairformer.bench_pairformer import _queued_ms as queued_ms
 
 
 def per_call_ms(fn, iters):
