@@ -846,7 +846,8 @@ def main(argv=None):
     ap.add_argument(
         "--modes",
         default="eager,compile",
-        help="with --pairformer (and --breakdown): eager, compile or both",
+        help="with --pairformer (and --breakdown): any of eager, compile and compile-ro "
+        '(torch.compile(mode="reduce-overhead"): CUDA graphs, for the host-bound small N)',
     )
     ap.add_argument(
         "--resume",
@@ -910,6 +911,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.resume and (not args.pairformer or args.breakdown):
         ap.error("--resume continues a --pairformer table (not --breakdown)")
+    from .bench_pairformer import MODES
+
+    unknown_modes = set(args.modes.split(",")) - set(MODES)
+    if unknown_modes:
+        ap.error(f"--modes: unknown {', '.join(sorted(unknown_modes))} ({', '.join(MODES)})")
     if args.merge:
         from . import bench_pairformer
 

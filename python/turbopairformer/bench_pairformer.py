@@ -2,7 +2,7 @@
 optimizer step (forward, backward, AdamW), for each backend, eager and under torch.compile.
 
     python -m turbopairformer.bench --pairformer [--n 256,384,512,640,768,1024]
-        [--modes eager,compile]
+        [--modes eager,compile[,compile-ro]]
 
 OpenFold3's training configuration: c_s = 384, c_z = 128, multiplicative-update hidden 128,
 triangle attention 4 heads x 32, AttentionPairBias 16 heads x 24, SwiGLU transitions n = 4,
@@ -107,6 +107,22 @@ def _loss(so, zo, sm, pm):
     ).square().mean()
 
 
+# How each --modes mode runs a module: as it is, under torch.compile, or under torch.compile with
+# inductor's CUDA graphs (mode="reduce-overhead": one replay a step, for the host-bound small N).
+MODES = ("eager", "compile", "compile-ro")
+
+
+def run_as(module, mode):
+    """The module (or function) as the mode runs it (MODES)."""
+    if mode == "eager":
+        return module
+    if mode == "compile":
+        return torch.compile(module)
+    if mode == "compile-ro":
+        return torch.compile(module, mode="reduce-overhead")
+    raise ValueError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+
+
 def _median_ms(fn, iters):
     for _ in range(2):
         fn()
@@ -175,7 +191,7 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     block = block_cls().cuda()
     block.load_state_dict(weights)
     block.train()
-    fn = torch.compile(block) if mode == "compile" else block
+    fn = run_as(block, mode)
     s, z, sm, pm = inputs
     s, z = s.detach().requires_grad_(True), z.detach().requires_grad_(True)
     step = block_step(block, fn, s, z, sm, pm)
@@ -218,7 +234,7 @@ def _pair_track_ms(block, mode, z, pm, iters):
     ms with the bench's loss from an idle GPU, the same queued back to back, and ms against a
     fixed output gradient."""
     pair = block.pair_stack
-    pair = torch.compile(pair) if mode == "compile" else pair
+    pair = run_as(pair, mode)
     dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
     step, given = _pair_step(pair, z, pm), _pair_step(pair, z, pm, dz)
     # _median_ms's warm-up calls compile (the first step only: the second reuses the graphs)
@@ -230,7 +246,7 @@ def _stack_case(stack_cls, mode, weights, inputs, iters):
     stack = stack_cls(no_blocks=4, blocks_per_ckpt=1).cuda()
     for blk in stack.blocks:
         blk.load_state_dict(weights)
-    sfn = torch.compile(stack) if mode == "compile" else stack
+    sfn = run_as(stack, mode)
     opt = torch.optim.AdamW(stack.parameters(), lr=1e-4)
 
     def opt_step():
@@ -575,7 +591,7 @@ def plot(rows, out_dir: Path):
                     color=color,
                     label=label,
                     marker="o" if backend == "turbopairformer" else "s",
-                    linestyle="-" if mode == "eager" else "--",
+                    linestyle={"eager": "-", "compile": "--"}.get(mode, ":"),
                     lw=2.2 if backend == "turbopairformer" else 1.2,
                 )
             else:
@@ -586,7 +602,7 @@ def plot(rows, out_dir: Path):
                     width,
                     color=color,
                     label=label,
-                    hatch="//" if mode == "compile" else None,
+                    hatch={"eager": None, "compile": "//"}.get(mode, "xx"),
                     edgecolor="white",
                 )
         if title.startswith("our speedup"):
@@ -700,7 +716,7 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None, mo
             blk.load_state_dict(weights)
             for mode, part in ((m, p) for m in modes for p in (*PAIR_PARTS, "pair_stack")):
                 fn = _part(blk, part, name == "pytorch")
-                step = _pair_step(torch.compile(fn) if mode == "compile" else fn, z, pm, dz)
+                step = _pair_step(run_as(fn, mode), z, pm, dz)
                 ms = _median_ms(step, iters)
                 queued = _queued_ms(step, iters)
                 ours, rest, top = _kernel_ms(step)
@@ -738,8 +754,7 @@ def write_breakdown(rows, tops, out_dir: Path, gpu: str, command: str):
         "",
         "![where the pair stack's time goes](pairformer_breakdown.png)",
         "",
-        "| backend | mode | N | module | fwd+bwd ms | queued ms | our kernels ms | "
-        "other kernels ms |",
+        "| backend | mode | N | module | fwd+bwd ms | queued ms | our kernels ms | other kernels ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

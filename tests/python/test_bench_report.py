@@ -290,9 +290,7 @@ def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
     weights = {n: p.detach() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
     row = bp.measure("turbopairformer", "eager", 3, weights, iters=1)
     assert row["grads_bitwise_repeatable"] and row["z_rel_err_vs_fp32"] < 1e-5
-    assert {"block_fwd_bwd_ms", "stack4_step_ms", "pair_queued_ms", "pair_dz_given_ms"} <= set(
-        row
-    )
+    assert {"block_fwd_bwd_ms", "stack4_step_ms", "pair_queued_ms", "pair_dz_given_ms"} <= set(row)
 
 
 def test_breakdown_runs_each_mode_on_the_cpu(tmp_path, monkeypatch):
@@ -656,3 +654,26 @@ def test_pairformer_table_replots_from_its_json(tmp_path, monkeypatch):
     bench.main(["--replot", str(tmp_path / "pairformer.json")])
     assert (tmp_path / "pairformer.md").read_text() == md
     assert "0. `cmd 1`" in md and "1. `cmd 2`" in md
+
+
+def test_modes_run_as_each_compile_mode_and_unknown_modes_are_refused(monkeypatch, capsys):
+    """--modes: eager runs the module as it is, compile under torch.compile, compile-ro under
+    torch.compile(mode="reduce-overhead"); a mode outside these stops the command with a clear
+    error before anything runs."""
+    import pytest
+    import torch
+
+    from turbopairformer import bench, bench_pairformer as bp
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or ("compiled", fn))
+    m = torch.nn.Linear(2, 2)
+    assert bp.run_as(m, "eager") is m
+    assert bp.run_as(m, "compile") == ("compiled", m) and calls[-1] == {}
+    assert bp.run_as(m, "compile-ro") == ("compiled", m)
+    assert calls[-1] == {"mode": "reduce-overhead"}
+    with pytest.raises(ValueError, match="unknown mode 'graph'"):
+        bp.run_as(m, "graph")
+    with pytest.raises(SystemExit):
+        bench.main(["--pairformer", "--modes", "eager,reduce", "--n", "4"])
+    assert "--modes: unknown reduce (eager, compile, compile-ro)" in capsys.readouterr().err

@@ -236,3 +236,44 @@ def test_compiled_block_on_gpu_matches_eager_and_repeats(N, nodes_always):
     for got, want in zip(first, eager):
         err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
         assert err < 2e-2, err  # two bf16 runs of the same math, in another order of the glue
+
+
+@requires_gpu
+def test_stack_under_cuda_graphs_matches_eager_and_repeats():
+    """torch.compile(mode="reduce-overhead") (inductor's CUDA graphs: warm-up, capture, then
+    replays), the small-N configuration the bench measures as compile-ro: a 2-block stack with
+    one block per checkpoint gives the eager stack's output and gradients to the bf16 floor, and
+    bitwise the same gradients on two replays (nothing the kernels read or write lives outside
+    the captured memory)."""
+    N = 100
+    torch.manual_seed(0)
+    stack = pairformer.PairformerStack(no_blocks=2, blocks_per_ckpt=1).cuda().eval()
+    g = torch.Generator(device="cuda").manual_seed(N)
+    s = torch.randn(1, N, 384, device="cuda", generator=g, requires_grad=True)
+    z = torch.randn(1, N, N, 128, device="cuda", generator=g, requires_grad=True)
+    sm = torch.ones(1, N, device="cuda")
+    sm[:, N - 3 :] = 0
+    pm = sm[:, :, None] * sm[:, None, :]
+
+    def step(fn):
+        stack.zero_grad(set_to_none=True)
+        s.grad = z.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            so, zo = fn(s, z, sm, pm)
+        (so.float().square().mean() + zo.float().square().mean()).backward()
+        # as the block test above: without the single track's layer_norm_z.bias (zero in exact
+        # arithmetic, rounding noise in every run)
+        grads = [
+            p.grad.clone() for n, p in stack.named_parameters() if "layer_norm_z.bias" not in n
+        ]
+        return [zo.detach().float().clone(), z.grad.clone()] + grads
+
+    eager = step(stack)
+    graphed = torch.compile(stack, mode="reduce-overhead")
+    for _ in range(3):  # warm-up and capture
+        step(graphed)
+    first, second = step(graphed), step(graphed)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    for got, want in zip(first, eager):
+        err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+        assert err < 2e-2, err
