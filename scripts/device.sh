@@ -28,9 +28,10 @@
 #                                             update N = 256-4096, both directions, bf16 and fp32
 #                                             weights), cut at BUDGET seconds (default 420);
 #                                             after peers, with PY=$TPF_VENV/bin/python
-#   scripts/device.sh pairformer [FROM] [N] [BUDGET] [BACKENDS]  the Pairformer training step,
-#                                             every installed backend (or BACKENDS, comma-
-#                                             separated), eager and compiled (default N:
+#   scripts/device.sh pairformer [FROM] [N] [BUDGET] [BACKENDS] [MODES]  the Pairformer training
+#                                             step, every installed backend (or BACKENDS, comma-
+#                                             separated), eager and compiled (or MODES, e.g.
+#                                             compile-ro) (default N:
 #                                             256-1024), into $OUT/pairformer: it continues the
 #                                             table in FROM (default bench/results/h200/
 #                                             pairformer_sweep; --resume) and starts no case
@@ -185,7 +186,7 @@ PY
     mkdir -p "$OUT/pairformer"
     [ -f "$from/pairformer.json" ] && cp "$from/pairformer.json" "$OUT/pairformer/"
     "$PY" -m turbopairformer.bench --pairformer --n "${2:-256,384,512,640,768,1024}" --resume \
-      --budget "${3:-480}" ${4:+--backends "$4"} --out "$OUT/pairformer"
+      --budget "${3:-480}" ${4:+--backends "$4"} ${5:+--modes "$5"} --out "$OUT/pairformer"
     ;;
   small-n)
     variants=${2:-pytorch compile,pytorch compile-ro,pytorch graph,ours eager,ours compile composed,ours compile-ro,ours graph,ours compile nodes+ckpt+boundary}
