@@ -9,7 +9,8 @@ over --min-us with the kernel after it and the host ops that enclosed that kerne
 (outermost first), then the idle total. Profiling adds host time per op, so the gaps read high;
 their places are what counts. --host instead times the host without the profiler: when each of
 a step's first C calls of the library starts (medians over steps, ms from the step's start) and
-how long it takes on the host, when the host is done, and the step's CUDA-event time from an idle GPU and queued back to back.
+how long it takes on the host, when the host is done, and the step's CUDA-event time from an
+idle GPU and queued back to back. --modes takes the bench's modes (eager, compile, compile-ro).
 Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_gpu_gaps.py
        [--n 768] [--modes eager,compile] [--module pair_stack] [--min-us 20] [--host]"""
 
@@ -30,6 +31,7 @@ from turbopairformer.bench_pairformer import (
     _pair_step,
     _part,
     _queued_ms,
+    run_as,
 )
 from turbopairformer.pairformer import PairBlock
 from turbopairformer.reference import OpenFold3PairBlock
@@ -126,18 +128,24 @@ def main():
     blk.load_state_dict(weights)
     for mode in args.modes.split(","):
         fn = _part(blk, args.module, False)
-        step = _pair_step(torch.compile(fn) if mode == "compile" else fn, z, pm, dz)
+        step = _pair_step(run_as(fn, mode), z, pm, dz)
         if args.host:
             calls, host = host_timeline(step)
-            print(f"\n{mode} {args.module} N={args.n}: host {host:.2f} ms a step; from an idle "
-                  f"GPU {_median_ms(step, 10):.2f} ms, queued {_queued_ms(step, 10):.2f} ms")
-            print("  C calls (start ms, own host ms): "
-                  + ", ".join(f"{n[4:]} {t:.3f} +{d:.3f}" for n, t, d in calls))
+            print(
+                f"\n{mode} {args.module} N={args.n}: host {host:.2f} ms a step; from an idle "
+                f"GPU {_median_ms(step, 10):.2f} ms, queued {_queued_ms(step, 10):.2f} ms"
+            )
+            print(
+                "  C calls (start ms, own host ms): "
+                + ", ".join(f"{n[4:]} {t:.3f} +{d:.3f}" for n, t, d in calls)
+            )
             continue
         found, busy, span = gaps(trace(step), args.min_us)
-        print(f"\n{mode} {args.module} N={args.n}: span {span / 1e3:.2f} ms, kernels busy "
-              f"{busy / 1e3:.2f} ms, idle {(span - busy) / 1e3:.2f} ms in {len(found)} gaps "
-              f"over {args.min_us:g} us")
+        print(
+            f"\n{mode} {args.module} N={args.n}: span {span / 1e3:.2f} ms, kernels busy "
+            f"{busy / 1e3:.2f} ms, idle {(span - busy) / 1e3:.2f} ms in {len(found)} gaps "
+            f"over {args.min_us:g} us"
+        )
         for at, length, name, around in found:
             host = " > ".join(a[:40] for a in around[-4:])
             print(f"  at {at / 1e3:6.2f} ms idle {length:7.1f} us before {name[:60]}  [{host}]")

@@ -20,8 +20,8 @@ transition: the Pairformer issue's "pair-track block") with the z part of the lo
 mode, each step started on an idle GPU (the host's work before the first kernel counts); the
 queued column times the same steps queued back to back (that host work hidden under the
 previous step's kernels, as in a training loop that does not wait on the GPU); the column after
-it times the forward + backward against a fixed gradient of the pair stack's output (masked, fp32, as the next block would pass it), without the loss's passes
-over the N^2 x c_z output.
+it times the forward + backward against a fixed gradient of the pair stack's output (masked,
+fp32, as the next block would pass it), without the loss's passes over the N^2 x c_z output.
 """
 
 from __future__ import annotations
