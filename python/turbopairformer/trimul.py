@@ -247,11 +247,14 @@ def _fuses_residual(z: torch.Tensor, x: torch.Tensor, scale: Optional[torch.Tens
     return _residual._on_kernel(z, x.dtype, scale)
 
 
+# The residual node's forward and backward call the op's implementations (_fwd, _bwd) directly:
+# they run inside an autograd node (eager) or a custom op (compiled) already, where another
+# dispatch through the op's schema would only add host time before the first kernel.
 def _residual_forward(z, x, scale, mask, weights, direction, eps, save):
     """(z + scale * update(x), saved set) with autocast off; x = kernel_input(z)."""
     if _fuses_residual(z, x, scale):
-        return _trimul_fwd(x, mask, *weights, direction, eps, save, z, scale)
-    out, saved = _trimul_fwd(x, mask, *weights, direction, eps, save)
+        return _fwd(x, mask, *weights, direction, eps, save, z, scale)
+    out, saved = _fwd(x, mask, *weights, direction, eps, save)
     return residual_add(z, out, scale), saved
 
 
@@ -262,7 +265,7 @@ def _residual_backward(dres, saved, x, mask, scale, weights, direction, eps):
     if dres.dtype not in (x.dtype, torch.float32):  # e.g. an fp16 z under autocast
         dres = dres.float()
     dres = dres if dres.stride(-1) == 1 else dres.contiguous()
-    dz, *dw = _trimul_bwd(dout, saved, x, mask, *weights, direction, eps, dres)
+    dz, *dw = _bwd(dout, saved, x, mask, *weights, direction, eps, dres)
     return dz, [g if w is not None else None for g, w in zip(dw, weights)]
 
 
