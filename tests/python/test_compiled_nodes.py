@@ -195,13 +195,12 @@ def test_norm_probe_is_shape_only():
     assert not _norm.gpu_supported(x, None, torch.bfloat16)  # not CUDA: PyTorch's LayerNorm
 
 
-@requires_gpu
-@pytest.mark.parametrize("N", [48, 100])
-def test_compiled_block_on_gpu_matches_eager_and_repeats(N, nodes_always):
-    """The compiled block with its nodes against the eager block on the same kernels (bf16
-    autocast): outputs and gradients to the bf16 floor, parameter gradients bitwise repeatable."""
-    torch.manual_seed(0)
-    block = pairformer.PairformerBlock().cuda().eval()
+def _gpu_step(model, N):
+    """A training step of a block or stack (run as fn: itself or compiled) on fresh inputs at N
+    with three padded tokens, bf16 autocast: [z out, dz, every parameter gradient but the single
+    track's layer_norm_z.bias], each a copy. That bias's gradient is zero in exact arithmetic (a
+    constant across keys, which the softmax removes): every run gives rounding noise there
+    (H200: norm 6e-7, eager and compiled 1.1-1.3 apart, on main too)."""
     g = torch.Generator(device="cuda").manual_seed(N)
     s = torch.randn(1, N, 384, device="cuda", generator=g, requires_grad=True)
     z = torch.randn(1, N, N, 128, device="cuda", generator=g, requires_grad=True)
@@ -210,21 +209,33 @@ def test_compiled_block_on_gpu_matches_eager_and_repeats(N, nodes_always):
     pm = sm[:, :, None] * sm[:, None, :]
 
     def step(fn):
-        block.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         s.grad = z.grad = None
         with torch.autocast("cuda", dtype=torch.bfloat16):
             so, zo = fn(s, z, sm, pm)
         (so.float().square().mean() + zo.float().square().mean()).backward()
-        # every parameter gradient but the single track's layer_norm_z.bias, which is zero in
-        # exact arithmetic (a constant across keys, which the softmax removes): both runs give
-        # rounding noise there (H200: norm 6e-7, eager and compiled 1.1-1.3 apart, on main too)
         grads = [
-            p.grad.clone()
-            for n, p in block.named_parameters()
-            if n != "attn_pair_bias.layer_norm_z.bias"
+            p.grad.clone() for n, p in model.named_parameters() if "layer_norm_z.bias" not in n
         ]
-        return [zo.detach().float(), z.grad.clone()] + grads
+        return [zo.detach().float().clone(), z.grad.clone()] + grads
 
+    return step
+
+
+def _assert_bf16_close(got_list, want_list):
+    for got, want in zip(got_list, want_list):
+        err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+        assert err < 2e-2, err  # two bf16 runs of the same math, in another order of the glue
+
+
+@requires_gpu
+@pytest.mark.parametrize("N", [48, 100])
+def test_compiled_block_on_gpu_matches_eager_and_repeats(N, nodes_always):
+    """The compiled block with its nodes against the eager block on the same kernels (bf16
+    autocast): outputs and gradients to the bf16 floor, parameter gradients bitwise repeatable."""
+    torch.manual_seed(0)
+    block = pairformer.PairformerBlock().cuda().eval()
+    step = _gpu_step(block, N)
     eager = step(block)
     compiled = torch.compile(block, fullgraph=True)
     step(compiled)
@@ -233,9 +244,7 @@ def test_compiled_block_on_gpu_matches_eager_and_repeats(N, nodes_always):
     assert ops["triangle_attention_layer"] == 2 and ops["trimul_residual_update"] == 2, ops
     assert ops["swiglu_transition"] == 1, ops  # the pair transition (the single one: c_s = 384)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
-    for got, want in zip(first, eager):
-        err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
-        assert err < 2e-2, err  # two bf16 runs of the same math, in another order of the glue
+    _assert_bf16_close(first, eager)
 
 
 @requires_gpu
@@ -245,35 +254,13 @@ def test_stack_under_cuda_graphs_matches_eager_and_repeats():
     one block per checkpoint gives the eager stack's output and gradients to the bf16 floor, and
     bitwise the same gradients on two replays (nothing the kernels read or write lives outside
     the captured memory)."""
-    N = 100
     torch.manual_seed(0)
     stack = pairformer.PairformerStack(no_blocks=2, blocks_per_ckpt=1).cuda().eval()
-    g = torch.Generator(device="cuda").manual_seed(N)
-    s = torch.randn(1, N, 384, device="cuda", generator=g, requires_grad=True)
-    z = torch.randn(1, N, N, 128, device="cuda", generator=g, requires_grad=True)
-    sm = torch.ones(1, N, device="cuda")
-    sm[:, N - 3 :] = 0
-    pm = sm[:, :, None] * sm[:, None, :]
-
-    def step(fn):
-        stack.zero_grad(set_to_none=True)
-        s.grad = z.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            so, zo = fn(s, z, sm, pm)
-        (so.float().square().mean() + zo.float().square().mean()).backward()
-        # as the block test above: without the single track's layer_norm_z.bias (zero in exact
-        # arithmetic, rounding noise in every run)
-        grads = [
-            p.grad.clone() for n, p in stack.named_parameters() if "layer_norm_z.bias" not in n
-        ]
-        return [zo.detach().float().clone(), z.grad.clone()] + grads
-
+    step = _gpu_step(stack, 100)
     eager = step(stack)
     graphed = torch.compile(stack, mode="reduce-overhead")
     for _ in range(3):  # warm-up and capture
         step(graphed)
     first, second = step(graphed), step(graphed)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
-    for got, want in zip(first, eager):
-        err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
-        assert err < 2e-2, err
+    _assert_bf16_close(first, eager)
