@@ -27,6 +27,7 @@ from turbopairformer.bench_pairformer import (
     _loss,
     _median_ms,
     profiled,
+    run_as,
 )
 from turbopairformer.reference import OpenFold3PairFormerBlock, OpenFold3PairFormerStack
 
@@ -137,6 +138,7 @@ VARIANT_TABLE = {
     "ours compile nodes+ckpt": ("ours", "compile", "nodes", True),
     "ours compile nodes+ckpt+boundary": ("ours", "compile", "nodes", "boundary"),
     "ours compile-ro": ("ours", "compile-ro", "default", False),
+    "ours compile-ro nodes": ("ours", "compile-ro", "nodes", False),
     "ours graph": ("ours", "graph", "default", False),
 }
 DEFAULT_VARIANTS = (
@@ -146,13 +148,9 @@ DEFAULT_VARIANTS = (
 
 
 def wrap(module, how):
-    """The module as the step runs it: eager, torch.compile, or torch.compile with CUDA graphs
-    (mode="reduce-overhead"); "graph" runs it eagerly and case() captures the whole step."""
-    if how == "compile":
-        return torch.compile(module)
-    if how == "compile-ro":
-        return torch.compile(module, mode="reduce-overhead")
-    return module
+    """The module as the step runs it: the bench's modes (eager, compile, compile-ro: CUDA graphs
+    by inductor); "graph" runs it eagerly and case() captures the whole step."""
+    return module if how == "graph" else run_as(module, how)
 
 
 def run_n(N, weights, kinds, variants, over, budget):
