@@ -133,7 +133,7 @@ def main():
             calls, host = host_timeline(step)
             print(
                 f"\n{mode} {args.module} N={args.n}: host {host:.2f} ms a step; from an idle "
-                f"GPU {_median_ms(step, 10):.2f} ms, queued {_queued_ms(step, 10):.2f} ms"
+                f"GPU {_median_ms(step, 10):.2f} ms, queued {_queued_ms(step, 10, warmups=0):.2f} ms"
             )
             print(
                 "  C calls (start ms, own host ms): "

@@ -111,7 +111,7 @@ def main():
                 with variant(name) as flat:
                     torch._dynamo.reset()
                     step = make_step(blk, run_as(blk, mode), z, pm, flat)
-                    idle, queued = _median_ms(step, 10), _queued_ms(step, 10)
+                    idle, queued = _median_ms(step, 10), _queued_ms(step, 10, warmups=0)
                 times[(mode, name)].append((idle, queued))
                 print(
                     f"round {r} {mode} {name}: {idle:.2f} from idle, {queued:.2f} queued",

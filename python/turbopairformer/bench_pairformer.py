@@ -123,10 +123,15 @@ def run_as(module, mode):
     raise ValueError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
 
 
-def _median_ms(fn, iters):
-    for _ in range(2):
+def _warm(fn, calls=2):
+    """calls calls of fn (compiles, captures, allocator pools), then an idle GPU."""
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
+
+
+def _median_ms(fn, iters):
+    _warm(fn)
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,13 +143,12 @@ def _median_ms(fn, iters):
     return statistics.median(times)
 
 
-def _queued_ms(fn, iters):
+def _queued_ms(fn, iters, warmups=2):
     """ms a call of fn with iters calls queued back to back between one pair of events: the
     host's work before a call's first kernel hides under the previous call's kernels, where
-    _median_ms (an idle GPU at each call's start) counts it."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
+    _median_ms (an idle GPU at each call's start) counts it. warmups=0 right after _median_ms
+    of the same fn, which warmed it."""
+    _warm(fn, warmups)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(iters):
@@ -238,7 +242,8 @@ def _pair_track_ms(block, mode, z, pm, iters):
     dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
     step, given = _pair_step(pair, z, pm), _pair_step(pair, z, pm, dz)
     # _median_ms's warm-up calls compile (the first step only: the second reuses the graphs)
-    return _median_ms(step, iters), _queued_ms(step, iters), _median_ms(given, iters)
+    idle = _median_ms(step, iters)
+    return idle, _queued_ms(step, iters, warmups=0), _median_ms(given, iters)
 
 
 def _stack_case(stack_cls, mode, weights, inputs, iters):
@@ -718,7 +723,7 @@ def breakdown(Ns, out_dir: Path, gpu: str, command: str, iters=10, only=None, mo
                 fn = _part(blk, part, name == "pytorch")
                 step = _pair_step(run_as(fn, mode), z, pm, dz)
                 ms = _median_ms(step, iters)
-                queued = _queued_ms(step, iters)
+                queued = _queued_ms(step, iters, warmups=0)
                 ours, rest, top = _kernel_ms(step)
                 rows.append(
                     {

@@ -276,7 +276,7 @@ def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
     monkeypatch.setattr(bp, "_median_ms", lambda fn, iters: (fn(), 1.0)[1])
-    monkeypatch.setattr(bp, "_queued_ms", lambda fn, iters: (fn(), 0.75)[1])
+    monkeypatch.setattr(bp, "_queued_ms", lambda fn, iters, warmups=2: (fn(), 0.75)[1])
 
     def cpu_inputs(N, seed=0, c_s=384, c_z=128):
         g = torch.Generator().manual_seed(seed)
@@ -305,7 +305,7 @@ def test_breakdown_runs_each_mode_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
     monkeypatch.setattr(bp, "_median_ms", lambda fn, iters: (fn(), 1.0)[1])
-    monkeypatch.setattr(bp, "_queued_ms", lambda fn, iters: (fn(), 0.75)[1])
+    monkeypatch.setattr(bp, "_queued_ms", lambda fn, iters, warmups=2: (fn(), 0.75)[1])
     monkeypatch.setattr(bp, "_kernel_ms", lambda step: (0.5, 0.25, [["k", 0.5, 1]]))
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
