@@ -10,10 +10,13 @@ block: host ms a step, aten ops a step (torch.profiler, nested ops included) and
 3.5 ms of kernels (bench/results/h200/compiled_step.txt): at ~5-8 us an aten op and ~50 us a C
 call, these counts account for it, so a change to the nodes' host work can be counted here
 before any device time.
-Usage: TPF_LIBRARY=... PYTHONPATH=python python dev/scripts/cpu_host_proxy.py [--n 16] [--ops]"""
+Usage: TPF_LIBRARY=... PYTHONPATH=python python dev/scripts/cpu_host_proxy.py [--n 16] [--ops]
+       [--prologue] (the pair block's forward to its first C call, by piece; and one
+       multiplicative-update call through its op against its implementation)"""
 
 import argparse
 import collections
+import statistics
 import time
 
 import torch
@@ -64,12 +67,90 @@ def _stepper(block, N):
     return step
 
 
+class _FirstCall(Exception):
+    """Raised by the stubbed C call to end a step at the library's first call."""
+
+
+def prologue(N, reps=300):
+    """--prologue: the pair block's forward up to its first C call (the part a step started from
+    an idle GPU waits for), median us from the step's start to the entry and exit of each piece,
+    then one multiplicative-update call through its op against its implementation (C call
+    stubbed, median us a call)."""
+    from turbopairformer import modules, pairformer, trimul
+    from turbopairformer.pairformer import PairBlock
+
+    stamps = []
+
+    def timed(mod, name):
+        f = getattr(mod, name)
+
+        def g(*args, **kw):
+            stamps.append((name + " >", time.perf_counter()))
+            out = f(*args, **kw)
+            stamps.append((name + " <", time.perf_counter()))
+            return out
+
+        setattr(mod, name, g)
+
+    def first_call(fn, a, *args):
+        stamps.append(("C call", time.perf_counter()))
+        raise _FirstCall
+
+    _calls.check_call = first_call
+    pieces = [(pairformer, "_dropout_scale"), (modules, "packed_weights"),
+              (trimul, "kernel_input"), (trimul, "_fwd"), (trimul, "_args")]  # fmt: skip
+    for mod, name in pieces:
+        timed(mod, name)
+    block = PairBlock(c_z=128, c_hidden_mul=128, c_hidden_pair_att=32, no_heads_pair=4).train()
+    z = torch.randn(1, N, N, 128, requires_grad=True)
+    pm = torch.ones(1, N, N)
+    at = collections.defaultdict(list)
+    for r in range(reps):
+        stamps.clear()
+        t0 = time.perf_counter()
+        block.zero_grad(set_to_none=True)
+        stamps.append(("zero_grad done", time.perf_counter()))
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                block(z, pm)
+        except _FirstCall:
+            pass
+        if r >= reps // 5:
+            for i, (label, t) in enumerate(stamps):
+                at[(i, label)].append((t - t0) * 1e6)
+    print(f"pair block forward to its first C call, N = {N} (median us from the step's start):")
+    for (_, label), v in sorted(at.items()):
+        print(f"  {label:18s} {statistics.median(v):8.1f}")
+    _calls.check_call = lambda fn, a, *args: None
+    x = torch.randn(1, N, N, 128).bfloat16()
+    w = [None if n.endswith("bias") and "norm" not in n else torch.randn(s_)
+         for n, s_ in zip(trimul.WEIGHTS, ([128], [128], [256, 128], None, [256, 128], None,
+                                           [128], [128], [128, 128], None, [128, 128], None))]  # fmt: skip
+    for label, call in (
+        ("through the op", trimul._trimul_fwd),
+        ("its implementation", trimul._fwd),
+    ):
+        times = []
+        for _ in range(2000):
+            t = time.perf_counter()
+            call(x, pm, *w, 0, 1e-5, False)
+            times.append((time.perf_counter() - t) * 1e6)
+        print(f"trimul forward {label}: {statistics.median(times[200:]):.1f} us a call")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--ops", action="store_true", help="our most frequent aten ops")
+    ap.add_argument(
+        "--prologue",
+        action="store_true",
+        help="the forward's host work to its first C call, by piece",
+    )
     a = ap.parse_args()
     _gpu_path()
+    if a.prologue:
+        return prologue(a.n)
     for name, cls in (("ours", PairformerBlock), ("plain PyTorch", OpenFold3PairFormerBlock)):
         step = _stepper(cls().train(), a.n)
         for _ in range(3):
