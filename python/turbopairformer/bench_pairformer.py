@@ -179,7 +179,8 @@ def block_step(block, fn, s, z, sm, pm):
     """One training step of `block` (run as fn: itself or compiled) on leaves s and z: forward
     under bf16 autocast, the bench's loss, backward. As a training step sees it: gradients
     assigned, not added to the last step's (in a model z and s are not leaves, and the optimizer
-    sets parameter gradients to None)."""
+    sets parameter gradients to None; under CUDA graphs the last step's live in memory that a
+    later replay overwrites, and adding to them is an error). Returns the block's outputs."""
 
     def step():
         block.zero_grad(set_to_none=True)
@@ -187,6 +188,7 @@ def block_step(block, fn, s, z, sm, pm):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             so, zo = fn(s, z, sm, pm)
         _loss(so, zo, sm, pm).backward()
+        return so, zo
 
     return step
 
@@ -216,10 +218,7 @@ def _block_case(block_cls, mode, weights, inputs, iters):
     block.eval()
     grads = []
     for _ in range(2):
-        block.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            so, zo = fn(s, z, sm, pm)
-        _loss(so, zo, sm, pm).backward()
+        so, zo = step()
         grads.append([p.grad.clone() for p in block.parameters()])
     row["grads_bitwise_repeatable"] = all(torch.equal(a, b) for a, b in zip(*grads))
     ref = _backends()["pytorch"][0]().cuda().eval()
