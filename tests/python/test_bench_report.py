@@ -264,7 +264,8 @@ def test_trifast_wiring_matches_the_plain_reference_block(monkeypatch):
 def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
     """bench_pairformer.measure with the CUDA calls stubbed: every step of a case (block step,
     repeatability, accuracy against the fp32 reference, the stack's AdamW step) runs and fills
-    its row; the timings themselves are the GPU's business."""
+    its row; the timings themselves are the GPU's business. The accuracy pass assigns its leaf
+    gradients rather than adding to the timed steps' (which CUDA graphs overwrite)."""
     import torch
 
     from turbopairformer import bench_pairformer as bp
@@ -275,7 +276,29 @@ def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
-    monkeypatch.setattr(bp, "_median_ms", lambda fn, iters: (fn(), 1.0)[1])
+    leaves, finite = [], []  # the block case's s and z; whether its last gradients are finite
+    block_step, block_case = bp.block_step, bp._block_case
+
+    def spied_step(blk, fn, s, z, *masks):
+        leaves.extend((s, z))
+        return block_step(blk, fn, s, z, *masks)
+
+    def checked_case(*args):
+        row = block_case(*args)
+        finite.append(all(torch.isfinite(t.grad).all() for t in leaves))
+        return row
+
+    monkeypatch.setattr(bp, "block_step", spied_step)
+    monkeypatch.setattr(bp, "_block_case", checked_case)
+
+    def median_ms(fn, iters):
+        # a timed step's leaf gradients, as CUDA graphs leave them: overwritten by later replays
+        fn()
+        for t in leaves:
+            t.grad = torch.full_like(t, float("nan"))
+        return 1.0
+
+    monkeypatch.setattr(bp, "_median_ms", median_ms)
     monkeypatch.setattr(bp, "_queued_ms", lambda fn, iters, warmups=2: (fn(), 0.75)[1])
 
     def cpu_inputs(N, seed=0, c_s=384, c_z=128):
@@ -290,6 +313,8 @@ def test_pairformer_measurement_runs_end_to_end_on_the_cpu(monkeypatch):
     weights = {n: p.detach() for n, p in OpenFold3PairFormerBlock().state_dict().items()}
     row = bp.measure("turbopairformer", "eager", 3, weights, iters=1)
     assert row["grads_bitwise_repeatable"] and row["z_rel_err_vs_fp32"] < 1e-5
+    # the accuracy pass assigned its leaf gradients rather than adding to the timed steps'
+    assert finite == [True]
     assert {"block_fwd_bwd_ms", "stack4_step_ms", "pair_queued_ms", "pair_dz_given_ms"} <= set(row)
 
 
