@@ -11,8 +11,9 @@ block: host ms a step, aten ops a step (torch.profiler, nested ops included) and
 call, these counts account for it, so a change to the nodes' host work can be counted here
 before any device time.
 Usage: TPF_LIBRARY=... PYTHONPATH=python python dev/scripts/cpu_host_proxy.py [--n 16] [--ops]
-       [--prologue] (the pair block's forward to its first C call, by piece; and one
-       multiplicative-update call through its op against its implementation)"""
+       [--prologue [--compiled]] (the pair block's forward, eager or compiled, to its first C
+       call, by piece; and one multiplicative-update call through its op against its
+       implementation)"""
 
 import argparse
 import collections
@@ -71,12 +72,14 @@ class _FirstCall(Exception):
     """Raised by the stubbed C call to end a step at the library's first call."""
 
 
-def prologue(N, reps=300):
+def prologue(N, compiled=False, reps=300):
     """--prologue: the pair block's forward up to its first C call (the part a step started from
     an idle GPU waits for), median us from the step's start to the entry and exit of each piece,
     then one multiplicative-update call through its op against its implementation (C call
-    stubbed, median us a call)."""
-    from turbopairformer import modules, pairformer, trimul
+    stubbed, median us a call). compiled: the block under torch.compile with its fused nodes, as
+    from N = 640 on a GPU (the pieces traced into the graph no longer run, so only those inside
+    the nodes' ops are stamped)."""
+    from turbopairformer import layers, modules, pairformer, trimul
     from turbopairformer.pairformer import PairBlock
 
     stamps = []
@@ -99,9 +102,13 @@ def prologue(N, reps=300):
     _calls.check_call = first_call
     pieces = [(pairformer, "_dropout_scale"), (modules, "packed_weights"),
               (trimul, "kernel_input"), (trimul, "_fwd"), (trimul, "_args")]  # fmt: skip
-    for mod, name in pieces:
+    for mod, name in pieces[3:] if compiled else pieces:  # stamps in traced code break graphs
         timed(mod, name)
     block = PairBlock(c_z=128, c_hidden_mul=128, c_hidden_pair_att=32, no_heads_pair=4).train()
+    run = block
+    if compiled:
+        layers.COMPILED_NODE_MIN_PAIRS = 0
+        run = torch.compile(block)
     z = torch.randn(1, N, N, 128, requires_grad=True)
     pm = torch.ones(1, N, N)
     at = collections.defaultdict(list)
@@ -112,13 +119,16 @@ def prologue(N, reps=300):
         stamps.append(("zero_grad done", time.perf_counter()))
         try:
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                block(z, pm)
+                run(z, pm)
         except _FirstCall:
             pass
         if r >= reps // 5:
             for i, (label, t) in enumerate(stamps):
                 at[(i, label)].append((t - t0) * 1e6)
-    print(f"pair block forward to its first C call, N = {N} (median us from the step's start):")
+    how = "compiled" if compiled else "eager"
+    print(
+        f"pair block forward ({how}) to its first C call, N = {N} (median us from the step's start):"
+    )
     for (_, label), v in sorted(at.items()):
         print(f"  {label:18s} {statistics.median(v):8.1f}")
     _calls.check_call = lambda fn, a, *args: None
@@ -147,10 +157,13 @@ def main():
         action="store_true",
         help="the forward's host work to its first C call, by piece",
     )
+    ap.add_argument(
+        "--compiled", action="store_true", help="with --prologue: the block under torch.compile"
+    )
     a = ap.parse_args()
     _gpu_path()
     if a.prologue:
-        return prologue(a.n)
+        return prologue(a.n, a.compiled)
     for name, cls in (("ours", PairformerBlock), ("plain PyTorch", OpenFold3PairFormerBlock)):
         step = _stepper(cls().train(), a.n)
         for _ in range(3):
