@@ -17,6 +17,7 @@ Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_gpu_gaps.py
 import argparse
 import collections
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -111,6 +112,57 @@ def host_timeline(step, steps=10, first=8):
     return calls, med(ends)
 
 
+def _busy(ms):
+    t = time.perf_counter()
+    x = 0
+    while time.perf_counter() - t < ms / 1e3:
+        x += 1
+    return x
+
+
+def prologue(step, before, steps=10):
+    """(median host ms from a step's start to its first C call, median CUDA-event ms of the step
+    or None when queued), each step preceded by `before` (see the docstring)."""
+    first = []
+    call = _calls.check_call
+
+    def stamped(fn, a, *args):
+        first.append(time.perf_counter())
+        call(fn, a, *args)
+
+    cpus = os.sched_getaffinity(0)
+    _calls.check_call = stamped
+    try:
+        if before == "pinned":
+            os.sched_setaffinity(0, {max(cpus)})  # this thread only; the others keep theirs
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        host, events = [], []
+        for _ in range(steps):
+            if before != "queued":
+                torch.cuda.synchronize()
+            if before == "spin":
+                _busy(5)
+            elif before == "sleep":
+                time.sleep(5e-3)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            first.clear()
+            a.record()
+            t0 = time.perf_counter()
+            step()
+            b.record()
+            host.append((first[0] - t0) * 1e3)
+            events.append((a, b))
+        torch.cuda.synchronize()
+    finally:
+        _calls.check_call = call
+        os.sched_setaffinity(0, cpus)
+    med = statistics.median
+    gpu = None if before == "queued" else med(a.elapsed_time(b) for a, b in events)
+    return med(host), gpu
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=768)
@@ -118,6 +170,8 @@ def main():
     ap.add_argument("--module", default="pair_stack", choices=(*PAIR_PARTS, "pair_stack"))
     ap.add_argument("--min-us", type=float, default=20.0)
     ap.add_argument("--host", action="store_true", help="the host's timeline, no profiler")
+    ap.add_argument("--before", default="", help="what precedes each timed step (docstring)")
+    ap.add_argument("--loss", action="store_true", help="the bench's loss, not a fixed dz")
     args = ap.parse_args()
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock(**CONFIG).state_dict().items()}
@@ -128,7 +182,18 @@ def main():
     blk.load_state_dict(weights)
     for mode in args.modes.split(","):
         fn = _part(blk, args.module, False)
-        step = _pair_step(run_as(fn, mode), z, pm, dz)
+        step = _pair_step(run_as(fn, mode), z, pm, None if args.loss else dz)
+        if args.before:
+            for rnd in range(2):
+                for before in args.before.split(","):
+                    host, gpu = prologue(step, before)
+                    ms = "" if gpu is None else f", step {gpu:.2f} ms (CUDA events)"
+                    print(
+                        f"{mode} {args.module} N={args.n} round {rnd} before={before}: "
+                        f"first C call at {host:.3f} ms host{ms}",
+                        flush=True,
+                    )
+            continue
         if args.host:
             calls, host = host_timeline(step)
             print(
