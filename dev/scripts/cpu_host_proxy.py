@@ -68,6 +68,26 @@ def _stepper(block, N):
     return step
 
 
+def stamp_pieces(stamps, compiled):
+    """Wraps the pieces of the pair block's forward before its first C call so that each appends
+    (name + " >" / " <", time.perf_counter()) to stamps on entry and exit; compiled: only those
+    inside the fused nodes' custom ops (stamps in traced code would break the graphs)."""
+    from turbopairformer import modules, pairformer
+
+    pieces = [(pairformer, "_dropout_scale"), (modules, "packed_weights"),
+              (trimul, "kernel_input"), (trimul, "_fwd"), (trimul, "_args")]  # fmt: skip
+    for mod, name in pieces[3:] if compiled else pieces:
+        f = getattr(mod, name)
+
+        def g(*args, _f=f, _name=name, **kw):
+            stamps.append((_name + " >", time.perf_counter()))
+            out = _f(*args, **kw)
+            stamps.append((_name + " <", time.perf_counter()))
+            return out
+
+        setattr(mod, name, g)
+
+
 class _FirstCall(Exception):
     """Raised by the stubbed C call to end a step at the library's first call."""
 
@@ -79,31 +99,17 @@ def prologue(N, compiled=False, reps=300):
     stubbed, median us a call). compiled: the block under torch.compile with its fused nodes, as
     from N = 640 on a GPU (the pieces traced into the graph no longer run, so only those inside
     the nodes' ops are stamped)."""
-    from turbopairformer import layers, modules, pairformer, trimul
+    from turbopairformer import layers
     from turbopairformer.pairformer import PairBlock
 
     stamps = []
-
-    def timed(mod, name):
-        f = getattr(mod, name)
-
-        def g(*args, **kw):
-            stamps.append((name + " >", time.perf_counter()))
-            out = f(*args, **kw)
-            stamps.append((name + " <", time.perf_counter()))
-            return out
-
-        setattr(mod, name, g)
 
     def first_call(fn, a, *args):
         stamps.append(("C call", time.perf_counter()))
         raise _FirstCall
 
     _calls.check_call = first_call
-    pieces = [(pairformer, "_dropout_scale"), (modules, "packed_weights"),
-              (trimul, "kernel_input"), (trimul, "_fwd"), (trimul, "_args")]  # fmt: skip
-    for mod, name in pieces[3:] if compiled else pieces:  # stamps in traced code break graphs
-        timed(mod, name)
+    stamp_pieces(stamps, compiled)
     block = PairBlock(c_z=128, c_hidden_mul=128, c_hidden_pair_att=32, no_heads_pair=4).train()
     run = block
     if compiled:

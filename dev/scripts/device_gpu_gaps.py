@@ -10,9 +10,16 @@ over --min-us with the kernel after it and the host ops that enclosed that kerne
 their places are what counts. --host instead times the host without the profiler: when each of
 a step's first C calls of the library starts (medians over steps, ms from the step's start) and
 how long it takes on the host, when the host is done, and the step's CUDA-event time from an
-idle GPU and queued back to back. --modes takes the bench's modes (eager, compile, compile-ro).
-Usage: TPF_LIBRARY=... PYTHONPATH=python python3 dev/scripts/device_gpu_gaps.py
-       [--n 768] [--modes eager,compile] [--module pair_stack] [--min-us 20] [--host]"""
+idle GPU and queued back to back. --before instead times the host from a step's start to its
+first C call, and the step's CUDA-event time, each step preceded by one of: a synchronize (sync,
+the bench's from-idle step), a synchronize then 5 ms of Python busy work (spin) or of sleep
+(sleep), a synchronize with the main thread pinned to one core (pinned), or nothing (queued: host
+time only); --pieces adds when each piece of the forward before that call starts and ends.
+--loss takes the bench's loss instead of a fixed output gradient. --modes takes the bench's modes
+(eager, compile, compile-ro).
+Usage: TPF_LIBRARY=... PYTHONPATH=python:dev/scripts python3 dev/scripts/device_gpu_gaps.py
+       [--n 768] [--modes eager,compile] [--module pair_stack] [--min-us 20] [--host]
+       [--before sync,spin,sleep,pinned,queued [--pieces]] [--loss]"""
 
 import argparse
 import collections
@@ -120,14 +127,19 @@ def _busy(ms):
     return x
 
 
+# (label, time.perf_counter()) of the C calls and, with --pieces, of the forward's pieces
+STAMPS = []
+
+
 def prologue(step, before, steps=10):
     """(median host ms from a step's start to its first C call, median CUDA-event ms of the step
-    or None when queued), each step preceded by `before` (see the docstring)."""
-    first = []
+    or None when queued, [(stamp, median ms from the step's start)] up to that call), each step
+    preceded by `before` (see the docstring)."""
+    first, pieces = STAMPS, collections.defaultdict(list)
     call = _calls.check_call
 
     def stamped(fn, a, *args):
-        first.append(time.perf_counter())
+        first.append(("C call", time.perf_counter()))
         call(fn, a, *args)
 
     cpus = os.sched_getaffinity(0)
@@ -152,7 +164,10 @@ def prologue(step, before, steps=10):
             t0 = time.perf_counter()
             step()
             b.record()
-            host.append((first[0] - t0) * 1e3)
+            upto = next(i for i, (label, _) in enumerate(first) if label == "C call")
+            host.append((first[upto][1] - t0) * 1e3)
+            for i, (label, t) in enumerate(first[: upto + 1]):
+                pieces[(i, label)].append((t - t0) * 1e3)
             events.append((a, b))
         torch.cuda.synchronize()
     finally:
@@ -160,7 +175,7 @@ def prologue(step, before, steps=10):
         os.sched_setaffinity(0, cpus)
     med = statistics.median
     gpu = None if before == "queued" else med(a.elapsed_time(b) for a, b in events)
-    return med(host), gpu
+    return med(host), gpu, [(label, med(v)) for (_, label), v in sorted(pieces.items())]
 
 
 def main():
@@ -172,6 +187,12 @@ def main():
     ap.add_argument("--host", action="store_true", help="the host's timeline, no profiler")
     ap.add_argument("--before", default="", help="what precedes each timed step (docstring)")
     ap.add_argument("--loss", action="store_true", help="the bench's loss, not a fixed dz")
+    ap.add_argument(
+        "--pieces",
+        action="store_true",
+        help="with --before: when each piece of the forward before the first C call starts and "
+        "ends (cpu_host_proxy.stamp_pieces; in compiled modes only those inside the custom ops)",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock(**CONFIG).state_dict().items()}
@@ -180,19 +201,25 @@ def main():
     dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
     blk = PairBlock(**CONFIG).cuda().train()
     blk.load_state_dict(weights)
+    if args.pieces:
+        import cpu_host_proxy
+
+        cpu_host_proxy.stamp_pieces(STAMPS, "eager" not in args.modes)
     for mode in args.modes.split(","):
         fn = _part(blk, args.module, False)
         step = _pair_step(run_as(fn, mode), z, pm, None if args.loss else dz)
         if args.before:
             for rnd in range(2):
                 for before in args.before.split(","):
-                    host, gpu = prologue(step, before)
+                    host, gpu, pieces = prologue(step, before)
                     ms = "" if gpu is None else f", step {gpu:.2f} ms (CUDA events)"
                     print(
                         f"{mode} {args.module} N={args.n} round {rnd} before={before}: "
                         f"first C call at {host:.3f} ms host{ms}",
                         flush=True,
                     )
+                    if args.pieces:
+                        print("  " + ", ".join(f"{label} {t:.3f}" for label, t in pieces))
             continue
         if args.host:
             calls, host = host_timeline(step)
