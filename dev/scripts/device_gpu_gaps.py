@@ -201,11 +201,14 @@ def main():
     dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
     blk = PairBlock(**CONFIG).cuda().train()
     blk.load_state_dict(weights)
+    modes = args.modes.split(",")
+    if args.pieces and "eager" in modes and len(modes) > 1:
+        ap.error("--pieces: eager's stamps would break the compiled graphs; one mode a run")
     if args.pieces:
         import cpu_host_proxy
 
-        cpu_host_proxy.stamp_pieces(STAMPS, "eager" not in args.modes)
-    for mode in args.modes.split(","):
+        cpu_host_proxy.stamp_pieces(STAMPS, "eager" not in modes)
+    for mode in modes:
         fn = _part(blk, args.module, False)
         step = _pair_step(run_as(fn, mode), z, pm, None if args.loss else dz)
         if args.before:
