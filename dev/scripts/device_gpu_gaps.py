@@ -194,6 +194,9 @@ def main():
         "ends (cpu_host_proxy.stamp_pieces; in compiled modes only those inside the custom ops)",
     )
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if args.pieces and "eager" in modes and len(modes) > 1:
+        ap.error("--pieces: eager's stamps would break the compiled graphs; one mode a run")
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock(**CONFIG).state_dict().items()}
     _, z, _, pm = _inputs(args.n)
@@ -201,9 +204,6 @@ def main():
     dz = torch.randn_like(z) * pm[..., None]  # [B, N, N, c_z] fp32
     blk = PairBlock(**CONFIG).cuda().train()
     blk.load_state_dict(weights)
-    modes = args.modes.split(",")
-    if args.pieces and "eager" in modes and len(modes) > 1:
-        ap.error("--pieces: eager's stamps would break the compiled graphs; one mode a run")
     if args.pieces:
         import cpu_host_proxy
 
