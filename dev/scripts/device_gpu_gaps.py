@@ -127,6 +127,7 @@ def _busy(ms):
     return x
 
 
+BEFORE = ("sync", "spin", "sleep", "pinned", "queued")  # what may precede a timed step (--before)
 # (label, time.perf_counter()) of the C calls and, with --pieces, of the forward's pieces
 STAMPS = []
 
@@ -197,6 +198,9 @@ def main():
     modes = args.modes.split(",")
     if args.pieces and "eager" in modes and len(modes) > 1:
         ap.error("--pieces: eager's stamps would break the compiled graphs; one mode a run")
+    unknown = set(filter(None, args.before.split(","))) - set(BEFORE)
+    if unknown:
+        ap.error(f"--before: unknown {', '.join(sorted(unknown))}; choose from {', '.join(BEFORE)}")
     torch.manual_seed(0)
     weights = {n: p.detach().cuda() for n, p in OpenFold3PairBlock(**CONFIG).state_dict().items()}
     _, z, _, pm = _inputs(args.n)
