@@ -256,39 +256,68 @@ __device__ void produce2(const TwoPassMaps& m, uint32_t base, const TpRing& ring
 
 // Pass 2's math warpgroup wg: dbias^T of keys k0 + 64 wg .. x queries q0 .., summed over the
 // chunk's slices in order, to the chunk's key-major partial (rows and columns padded to 128).
+// Each slice's 128 queries go as kParts parts, software-pipelined: while one part's
+// probabilities run, the next part's scores are on the tensor cores (two register sets beside
+// the accumulator of the tile's 128 queries; with parts of 64 the sets did not fit 224 registers
+// and ptxas serialized the wgmma). A slice's first part waits for its scores: carrying the
+// pipeline across slices made ptxas serialize it too.
 template <class T>
 __device__ void math2(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRing& ring, const TpBlock& blk, int k0,
                       int q0, int wg) {
+  constexpr int kPartQ = 32, kParts = 128 / kPartQ, kNi = kPartQ / 8;  // queries a part, parts, its n8 tiles
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
   const int key0 = k0 + 64 * wg + 16 * w + g;  // this thread's keys: key0, key0 + 8
-  float acc[16][4];
+  float acc[kParts][kNi][4];                   // [part][n8 tile][e]: dbias^T, the slices' sum
 #pragma unroll
-  for (int i = 0; i < 16; ++i)
+  for (int p = 0; p < kParts; ++p)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+    for (int i = 0; i < kNi; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[p][i][e] = 0.f;
+  auto step = [&](int j) {
+    const uint32_t st = p2::stage(j);
+    return TpStep{st + p2::kK, st + p2::kV, st + p2::kQ, st + p2::kO, p2::kBias, st + p2::kStats};
+  };
+  float sA[kNi][4], dpA[kNi][4], sB[kNi][4], dpB[kNi][4];  // S^T, dP^T of the even and odd parts (then P^T, dS^T)
+  // Part p from set (s, dp), with part p + 1 issued into the other set first.
+  auto part = [&](float(&s)[kNi][4], float(&dp)[kNi][4], float(&ns)[kNi][4], float(&ndp)[kNi][4],
+                  const TpStep& at, const bool(&attend)[2], int p, float(&sum)[kNi][4]) {
+    if (p + 1 < kParts) {
+      tp_scores_issue<T, kPartQ>(ns, ndp, base, at, wg, kPartQ * (p + 1));
+      dev::wgmma_wait<1>();
+    } else {
+      dev::wgmma_wait<0>();
+    }
+    tp_scores_landed(s, dp);
+    tp_probabilities<T, kNi>(s, dp, smem, base, at, wg, attend, a.scale, kPartQ * p);
+#pragma unroll
+    for (int i = 0; i < kNi; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[i][e] += dp[i][e];  // slice order
+  };
   for (int j = 0; j < blk.s1 - blk.s0; ++j) {
     const int s = blk.s0 + j;
     const bool attend[2] = {key_attended(a.mask, blk.b, s, key0, a.dims.N), key_attended(a.mask, blk.b, s, key0 + 8, a.dims.N)};
-    const uint32_t st = p2::stage(j);
-    const TpStep at{st + p2::kK, st + p2::kV, st + p2::kQ, st + p2::kO, p2::kBias, st + p2::kStats};
+    const TpStep at = step(j);
     ring.wait_full(j);
-    float sT[16][4], dpT[16][4];
-    tp_scores<T>(sT, dpT, base, at, wg);
-    tp_probabilities<T>(sT, dpT, smem, base, at, wg, attend, a.scale);
-    ring.release(j, lane);
+    tp_scores_issue<T, kPartQ>(sA, dpA, base, at, wg, 0);
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][e] += dpT[i][e];  // slice order
+    for (int p = 0; p < kParts; ++p) {
+      if (p % 2 == 0) part(sA, dpA, sB, dpB, at, attend, p, acc[p]);
+      else part(sB, dpB, sA, dpA, at, attend, p, acc[p]);
+    }
+    ring.release(j, lane);  // the stage's last reader (its stats)
   }
   const int64_t plane = static_cast<int64_t>(a.part_rows) * a.part_cols;
-  float* part = a.dbias_part + ((static_cast<int64_t>(blockIdx.y) * a.dims.B + blk.b) * a.dims.H + blk.h) * plane;
+  float* out = a.dbias_part + ((static_cast<int64_t>(blockIdx.y) * a.dims.B + blk.b) * a.dims.H + blk.h) * plane;
 #pragma unroll
-  for (int i = 0; i < 16; ++i)
+  for (int p = 0; p < kParts; ++p)
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(part + static_cast<int64_t>(key0 + 8 * r) * a.part_cols + q0 + 8 * i + 2 * t) =
-          make_float2(acc[i][2 * r], acc[i][2 * r + 1]);
+    for (int i = 0; i < kNi; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(out + static_cast<int64_t>(key0 + 8 * r) * a.part_cols + q0 + kPartQ * p + 8 * i + 2 * t) =
+            make_float2(acc[p][i][2 * r], acc[p][i][2 * r + 1]);
 }
 
 template <class T>
