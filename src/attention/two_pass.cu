@@ -133,14 +133,15 @@ __device__ void dq_warp(const BwdArgs& a, uint32_t base, const TpBlock& blk, int
   }
 }
 
-// dS^T (this thread's P (dP - Dlt) fragments) into p1::kDs as 16-bit pairs.
-template <class T>
-__device__ __forceinline__ void store_ds(uint8_t* smem, const float (&dsT)[16][4], int key0, int t) {
+// dS^T (this thread's P (dP - Dlt) fragments of NI n8 tiles from query q_row) into p1::kDs as
+// 16-bit pairs.
+template <class T, int NI>
+__device__ __forceinline__ void store_ds(uint8_t* smem, const float (&dsT)[NI][4], int key0, int t, int q_row) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i)
+  for (int i = 0; i < NI; ++i)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<uint32_t*>(smem + ds_at(key0 + 8 * r, 8 * i + 2 * t)) =
+      *reinterpret_cast<uint32_t*>(smem + ds_at(key0 + 8 * r, q_row + 8 * i + 2 * t)) =
           dev::MmaOp<T>::pack(dsT[i][2 * r], dsT[i][2 * r + 1]);
 }
 
@@ -171,6 +172,7 @@ __device__ __forceinline__ void dq_part(uint8_t* smem, uint32_t base, uint32_t k
 template <class T>
 __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRing& ring, const TpBlock& blk, int nq,
                       int k0, int wg) {
+  constexpr int kPartQ = 32, kParts = 128 / kPartQ, kNi = kPartQ / 8;  // queries a part, parts, its n8 tiles
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
   const int krow[2] = {16 * w + g, 16 * w + g + 8};  // this thread's keys in the warpgroup's 64
   const int kw = k0 + 64 * wg;                       // the warpgroup's first key
@@ -189,13 +191,31 @@ __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRi
     const uint32_t st = p1::stage(j);
     const TpStep at{p1::kv(sl), p1::kv(sl) + kTpRows, st + p1::kQ, st + p1::kO, st + p1::kBias, st + p1::kStats};
     ring.wait_full(j);
-    float sT[16][4], dpT[16][4];  // S^T then P^T; dP^T then dS^T
-    tp_scores<T>(sT, dpT, base, at, wg);
-    tp_probabilities<T>(sT, dpT, smem, base, at, wg, attend, a.scale);
-    // dV += P^T dO, dK += dS^T Q (wgmma, Q and dO MN-major: a k16 step of queries is + 64)
-    gradient_products<T, kTpD, 128, true>(dk, dv, sT, dpT, StepTiles<T>{}, dev::wgmma_desc_rows32(base + at.q),
-                                           dev::wgmma_desc_rows32(base + at.o), lane);
-    store_ds<T>(smem, dpT, 64 * wg + krow[0], t);
+    // The step's 128 queries as kParts parts, software-pipelined as pass 2's: the next part's
+    // scores run on the tensor cores while a part's probabilities run; each part then issues its
+    // share of dV += P^T dO, dK += dS^T Q (K = its queries) and stores its dS^T.
+    const uint64_t q_desc = dev::wgmma_desc_rows32(base + at.q), o_desc = dev::wgmma_desc_rows32(base + at.o);
+    float sA[kNi][4], dpA[kNi][4], sB[kNi][4], dpB[kNi][4];  // S^T, dP^T of even / odd parts (then P^T, dS^T)
+    auto part = [&](float(&sT)[kNi][4], float(&dpT)[kNi][4], float(&ns)[kNi][4], float(&ndp)[kNi][4], int pt) {
+      if (pt + 1 < kParts) {
+        tp_scores_issue<T, kPartQ>(ns, ndp, base, at, wg, kPartQ * (pt + 1));
+        dev::wgmma_wait<1>();
+      } else {
+        dev::wgmma_wait<0>();
+      }
+      tp_scores_landed(sT, dpT);
+      tp_probabilities<T, kNi>(sT, dpT, smem, base, at, wg, attend, a.scale, kPartQ * pt);
+      // Q and dO MN-major: a k16 step of queries is + 64 in their descriptors
+      gradient_products<T, kTpD, kPartQ, true>(dk, dv, sT, dpT, StepTiles<T>{}, q_desc + 64 * (kPartQ / 16) * pt,
+                                               o_desc + 64 * (kPartQ / 16) * pt, lane);
+      store_ds<T, kNi>(smem, dpT, 64 * wg + krow[0], t, kPartQ * pt);
+    };
+    tp_scores_issue<T, kPartQ>(sA, dpA, base, at, wg, 0);
+#pragma unroll
+    for (int pt = 0; pt < kParts; ++pt) {
+      if (pt % 2 == 0) part(sA, dpA, sB, dpB, pt);
+      else part(sB, dpB, sA, dpA, pt);
+    }
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(reinterpret_cast<float(&)[kTpD / 2]>(dk));
     dev::wgmma_fence_operands(reinterpret_cast<float(&)[kTpD / 2]>(dv));
