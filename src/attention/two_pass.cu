@@ -197,14 +197,7 @@ __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRi
     const uint64_t q_desc = dev::wgmma_desc_rows32(base + at.q), o_desc = dev::wgmma_desc_rows32(base + at.o);
     float sA[kNi][4], dpA[kNi][4], sB[kNi][4], dpB[kNi][4];  // S^T, dP^T of even / odd parts (then P^T, dS^T)
     auto part = [&](float(&sT)[kNi][4], float(&dpT)[kNi][4], float(&ns)[kNi][4], float(&ndp)[kNi][4], int pt) {
-      if (pt + 1 < kParts) {
-        tp_scores_issue<T, kPartQ>(ns, ndp, base, at, wg, kPartQ * (pt + 1));
-        dev::wgmma_wait<1>();
-      } else {
-        dev::wgmma_wait<0>();
-      }
-      tp_scores_landed(sT, dpT);
-      tp_probabilities<T, kNi>(sT, dpT, smem, base, at, wg, attend, a.scale, kPartQ * pt);
+      tp_pipelined_part<T, kNi, kParts>(sT, dpT, ns, ndp, smem, base, at, wg, attend, a.scale, pt);
       // Q and dO MN-major: a k16 step of queries is + 64 in their descriptors
       gradient_products<T, kTpD, kPartQ, true>(dk, dv, sT, dpT, StepTiles<T>{}, q_desc + 64 * (kPartQ / 16) * pt,
                                                o_desc + 64 * (kPartQ / 16) * pt, lane);
@@ -278,9 +271,9 @@ __device__ void produce2(const TwoPassMaps& m, uint32_t base, const TpRing& ring
 // chunk's slices in order, to the chunk's key-major partial (rows and columns padded to 128).
 // Each slice's 128 queries go as kParts parts, software-pipelined: while one part's
 // probabilities run, the next part's scores are on the tensor cores (two register sets beside
-// the accumulator of the tile's 128 queries; with parts of 64 the sets did not fit 224 registers
-// and ptxas serialized the wgmma). A slice's first part waits for its scores: carrying the
-// pipeline across slices made ptxas serialize it too.
+// the accumulator of the tile's 128 queries: with parts of 64 they leave too few of the 224
+// registers, and ptxas serializes the wgmma). A slice's first part waits for its scores:
+// carried across slices, the pipeline is serialized by ptxas too.
 template <class T>
 __device__ void math2(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRing& ring, const TpBlock& blk, int k0,
                       int q0, int wg) {
@@ -299,21 +292,14 @@ __device__ void math2(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRi
     return TpStep{st + p2::kK, st + p2::kV, st + p2::kQ, st + p2::kO, p2::kBias, st + p2::kStats};
   };
   float sA[kNi][4], dpA[kNi][4], sB[kNi][4], dpB[kNi][4];  // S^T, dP^T of the even and odd parts (then P^T, dS^T)
-  // Part p from set (s, dp), with part p + 1 issued into the other set first.
+  // Part p from set (s, dp), its sum into `sum` in slice order.
   auto part = [&](float(&s)[kNi][4], float(&dp)[kNi][4], float(&ns)[kNi][4], float(&ndp)[kNi][4],
                   const TpStep& at, const bool(&attend)[2], int p, float(&sum)[kNi][4]) {
-    if (p + 1 < kParts) {
-      tp_scores_issue<T, kPartQ>(ns, ndp, base, at, wg, kPartQ * (p + 1));
-      dev::wgmma_wait<1>();
-    } else {
-      dev::wgmma_wait<0>();
-    }
-    tp_scores_landed(s, dp);
-    tp_probabilities<T, kNi>(s, dp, smem, base, at, wg, attend, a.scale, kPartQ * p);
+    tp_pipelined_part<T, kNi, kParts>(s, dp, ns, ndp, smem, base, at, wg, attend, a.scale, p);
 #pragma unroll
     for (int i = 0; i < kNi; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sum[i][e] += dp[i][e];  // slice order
+      for (int e = 0; e < 4; ++e) sum[i][e] += dp[i][e];
   };
   for (int j = 0; j < blk.s1 - blk.s0; ++j) {
     const int s = blk.s0 + j;

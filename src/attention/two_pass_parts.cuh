@@ -178,5 +178,24 @@ __device__ __forceinline__ void tp_probabilities(float (&sT)[NI][4], float (&dpT
   }
 }
 
+// Part pt of a step whose kParts parts of NI n8 tiles are software-pipelined over two register
+// sets: with part pt's scores issued into (sT, dpT), issue part pt + 1's into (nsT, ndpT) (none
+// after the last), wait for part pt's, and turn them into P^T and dS^T in place. While they
+// run, the next part's scores are on the tensor cores.
+template <class T, int NI, int kParts>
+__device__ __forceinline__ void tp_pipelined_part(float (&sT)[NI][4], float (&dpT)[NI][4], float (&nsT)[NI][4],
+                                                  float (&ndpT)[NI][4], const uint8_t* smem, uint32_t base,
+                                                  const TpStep& at, int wg, const bool (&attend)[2], float scale,
+                                                  int pt) {
+  if (pt + 1 < kParts) {
+    tp_scores_issue<T, 8 * NI>(nsT, ndpT, base, at, wg, 8 * NI * (pt + 1));
+    dev::wgmma_wait<1>();  // part pt's batch (and any before it)
+  } else {
+    dev::wgmma_wait<0>();
+  }
+  tp_scores_landed(sT, dpT);
+  tp_probabilities<T, NI>(sT, dpT, smem, base, at, wg, attend, scale, 8 * NI * pt);
+}
+
 }  // namespace
 }  // namespace tpf::attn
