@@ -111,12 +111,6 @@ struct TwoPassTile {
   static constexpr int kMathRegs = 224, kHelperRegs = 56;
   static_assert(kMathRegs * kMathThreads + kHelperRegs * (kThreads - kMathThreads) <= 168 * kThreads,
                 "setmaxnreg takes registers from the launch's pool");
-  // Pass 2 holds no dK, dV or dQ: four math warpgroups (64 keys x 64 queries each) in a launch
-  // pool of 96 x 640, split as 112 x 512 + 32 x 128.
-  static constexpr int kMathThreads2 = 512, kThreads2 = 640;
-  static constexpr int kMathRegs2 = 112, kHelperRegs2 = 32;
-  static_assert(kMathRegs2 * kMathThreads2 + kHelperRegs2 * (kThreads2 - kMathThreads2) <= 96 * kThreads2,
-                "setmaxnreg takes registers from the launch's pool");
 };
 
 // dQ turn chains: at D = 32 with 2 to kBwdShortChainTiles key tiles, two interleaved chains

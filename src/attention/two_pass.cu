@@ -133,15 +133,14 @@ __device__ void dq_warp(const BwdArgs& a, uint32_t base, const TpBlock& blk, int
   }
 }
 
-// dS^T (this thread's P (dP - Dlt) fragments of NI n8 tiles from query q_row) into p1::kDs as
-// 16-bit pairs.
-template <class T, int NI>
-__device__ __forceinline__ void store_ds(uint8_t* smem, const float (&dsT)[NI][4], int key0, int t, int q_row) {
+// dS^T (this thread's P (dP - Dlt) fragments) into p1::kDs as 16-bit pairs.
+template <class T>
+__device__ __forceinline__ void store_ds(uint8_t* smem, const float (&dsT)[16][4], int key0, int t) {
 #pragma unroll
-  for (int i = 0; i < NI; ++i)
+  for (int i = 0; i < 16; ++i)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<uint32_t*>(smem + ds_at(key0 + 8 * r, q_row + 8 * i + 2 * t)) =
+      *reinterpret_cast<uint32_t*>(smem + ds_at(key0 + 8 * r, 8 * i + 2 * t)) =
           dev::MmaOp<T>::pack(dsT[i][2 * r], dsT[i][2 * r + 1]);
 }
 
@@ -172,7 +171,6 @@ __device__ __forceinline__ void dq_part(uint8_t* smem, uint32_t base, uint32_t k
 template <class T>
 __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRing& ring, const TpBlock& blk, int nq,
                       int k0, int wg) {
-  constexpr int kPartQ = 32, kParts = 128 / kPartQ, kNi = kPartQ / 8;  // queries a part, parts, its n8 tiles
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
   const int krow[2] = {16 * w + g, 16 * w + g + 8};  // this thread's keys in the warpgroup's 64
   const int kw = k0 + 64 * wg;                       // the warpgroup's first key
@@ -191,44 +189,13 @@ __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRi
     const uint32_t st = p1::stage(j);
     const TpStep at{p1::kv(sl), p1::kv(sl) + kTpRows, st + p1::kQ, st + p1::kO, st + p1::kBias, st + p1::kStats};
     ring.wait_full(j);
-    // The step's 128 queries as kParts parts, software-pipelined as pass 2's: the next part's
-    // scores run on the tensor cores while a part's probabilities run; each part then issues its
-    // share of dV += P^T dO, dK += dS^T Q (K = its queries) and stores its dS^T.
-    const uint64_t q_desc = dev::wgmma_desc_rows32(base + at.q), o_desc = dev::wgmma_desc_rows32(base + at.o);
-    float sA[kNi][4], dpA[kNi][4], sB[kNi][4], dpB[kNi][4];  // S^T, dP^T of even / odd parts (then P^T, dS^T)
-    // Each part's gradient products run under the next part's probabilities: their A fragments
-    // (P^T and dS^T of the part, 16-bit) are the caller's, one pair of sets a parity, kept until
-    // the wait two parts on has completed them.
-    uint32_t pa[2][kNi / 2][4], sa[2][kNi / 2][4];  // [part parity][k16 step] A fragments
-    auto part = [&](float(&sT)[kNi][4], float(&dpT)[kNi][4], float(&ns)[kNi][4], float(&ndp)[kNi][4], int pt,
-                    uint32_t(&fp)[kNi / 2][4], uint32_t(&fs)[kNi / 2][4]) {
-      if (pt == 0) tp_pipelined_part<T, kNi, kParts, 0>(sT, dpT, ns, ndp, smem, base, at, wg, attend, a.scale, pt);
-      else tp_pipelined_part<T, kNi, kParts, 1>(sT, dpT, ns, ndp, smem, base, at, wg, attend, a.scale, pt);
-#pragma unroll
-      for (int kk = 0; kk < kNi / 2; ++kk) {
-        dev::acc_to_a<T>(fp[kk], sT[2 * kk], sT[2 * kk + 1]);
-        dev::acc_to_a<T>(fs[kk], dpT[2 * kk], dpT[2 * kk + 1]);
-      }
-      // dV += P^T dO, dK += dS^T Q over the part's queries (Q and dO MN-major: a k16 step of
-      // queries is + 64 in their descriptors)
-      float(&dk_flat)[kTpD / 2] = reinterpret_cast<float(&)[kTpD / 2]>(dk);
-      float(&dv_flat)[kTpD / 2] = reinterpret_cast<float(&)[kTpD / 2]>(dv);
-      dev::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kNi / 2; ++kk) {
-        const int ks = (kPartQ / 16) * pt + kk;  // the step's k16 step of queries
-        dev::WgmmaN32RS<T, 1>::run(dv_flat, fp[kk], o_desc + 64 * ks, 1);
-        dev::WgmmaN32RS<T, 1>::run(dk_flat, fs[kk], q_desc + 64 * ks, 1);
-      }
-      dev::wgmma_commit();
-      store_ds<T, kNi>(smem, dpT, 64 * wg + krow[0], t, kPartQ * pt);
-    };
-    tp_scores_issue<T, kPartQ>(sA, dpA, base, at, wg, 0);
-#pragma unroll
-    for (int pt = 0; pt < kParts; ++pt) {
-      if (pt % 2 == 0) part(sA, dpA, sB, dpB, pt, pa[0], sa[0]);
-      else part(sB, dpB, sA, dpA, pt, pa[1], sa[1]);
-    }
+    float sT[16][4], dpT[16][4];  // S^T then P^T; dP^T then dS^T
+    tp_scores<T>(sT, dpT, base, at, wg);
+    tp_probabilities<T>(sT, dpT, smem, base, at, wg, attend, a.scale);
+    // dV += P^T dO, dK += dS^T Q (wgmma, Q and dO MN-major: a k16 step of queries is + 64)
+    gradient_products<T, kTpD, 128, true>(dk, dv, sT, dpT, StepTiles<T>{}, dev::wgmma_desc_rows32(base + at.q),
+                                           dev::wgmma_desc_rows32(base + at.o), lane);
+    store_ds<T>(smem, dpT, 64 * wg + krow[0], t);
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(reinterpret_cast<float(&)[kTpD / 2]>(dk));
     dev::wgmma_fence_operands(reinterpret_cast<float(&)[kTpD / 2]>(dv));
@@ -250,7 +217,7 @@ template <class T>
 __global__ void __launch_bounds__(TP::kThreads, 1) pass1_kernel(const __grid_constant__ TwoPassMaps maps, const BwdArgs a,
                                                                  const TpArgs tp) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  const auto [smem, base, ring] = tp_shared(smem_raw, p1::kBars, TP::kMathThreads / 32);
+  const auto [smem, base, ring] = tp_shared(smem_raw, p1::kBars);
   const TpBlock blk(a, tp.slices1);
   const int nq = tp.query_tiles, k0 = blockIdx.x * 128;
   if (blk.s1 <= blk.s0) return;  // every role returns: no barrier is left half-arrived
@@ -287,76 +254,54 @@ __device__ void produce2(const TwoPassMaps& m, uint32_t base, const TpRing& ring
   }
 }
 
-// Pass 2's math warpgroup wg: dbias^T of keys k0 + 64 (wg % 2) .. x queries q0 + 64 (wg / 2) ..,
-// summed over the chunk's slices in order, to the chunk's key-major partial (rows and columns
-// padded to 128). Four warpgroups share the tile, each over 64 of its queries as kParts parts,
-// software-pipelined: while one part's probabilities run, the next part's scores are on the
-// tensor cores. A slice's first part waits for its scores: carried across slices, the pipeline
-// is serialized by ptxas.
+// Pass 2's math warpgroup wg: dbias^T of keys k0 + 64 wg .. x queries q0 .., summed over the
+// chunk's slices in order, to the chunk's key-major partial (rows and columns padded to 128).
 template <class T>
 __device__ void math2(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRing& ring, const TpBlock& blk, int k0,
                       int q0, int wg) {
-  constexpr int kPartQ = 16, kParts = 64 / kPartQ, kNi = kPartQ / 8;  // queries a part, parts, its n8 tiles
-  const int kh = wg % 2, q_base = 64 * (wg / 2);  // the warpgroup's key half and first query of the tile
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
-  const int key0 = k0 + 64 * kh + 16 * w + g;  // this thread's keys: key0, key0 + 8
-  float acc[kParts][kNi][4];                   // [part][n8 tile][e]: dbias^T, the slices' sum
+  const int key0 = k0 + 64 * wg + 16 * w + g;  // this thread's keys: key0, key0 + 8
+  float acc[16][4];
 #pragma unroll
-  for (int p = 0; p < kParts; ++p)
+  for (int i = 0; i < 16; ++i)
 #pragma unroll
-    for (int i = 0; i < kNi; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[p][i][e] = 0.f;
-  auto step = [&](int j) {
-    const uint32_t st = p2::stage(j);
-    return TpStep{st + p2::kK, st + p2::kV, st + p2::kQ, st + p2::kO, p2::kBias, st + p2::kStats};
-  };
-  float sA[kNi][4], dpA[kNi][4], sB[kNi][4], dpB[kNi][4];  // S^T, dP^T of the even and odd parts (then P^T, dS^T)
-  // Part p from set (s, dp), its sum into `sum` in slice order.
-  auto part = [&](float(&s)[kNi][4], float(&dp)[kNi][4], float(&ns)[kNi][4], float(&ndp)[kNi][4],
-                  const TpStep& at, const bool(&attend)[2], int p, float(&sum)[kNi][4]) {
-    tp_pipelined_part<T, kNi, kParts>(s, dp, ns, ndp, smem, base, at, kh, attend, a.scale, p, q_base);
-#pragma unroll
-    for (int i = 0; i < kNi; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sum[i][e] += dp[i][e];
-  };
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
   for (int j = 0; j < blk.s1 - blk.s0; ++j) {
     const int s = blk.s0 + j;
     const bool attend[2] = {key_attended(a.mask, blk.b, s, key0, a.dims.N), key_attended(a.mask, blk.b, s, key0 + 8, a.dims.N)};
-    const TpStep at = step(j);
+    const uint32_t st = p2::stage(j);
+    const TpStep at{st + p2::kK, st + p2::kV, st + p2::kQ, st + p2::kO, p2::kBias, st + p2::kStats};
     ring.wait_full(j);
-    tp_scores_issue<T, kPartQ>(sA, dpA, base, at, kh, q_base);
+    float sT[16][4], dpT[16][4];
+    tp_scores<T>(sT, dpT, base, at, wg);
+    tp_probabilities<T>(sT, dpT, smem, base, at, wg, attend, a.scale);
+    ring.release(j, lane);
 #pragma unroll
-    for (int p = 0; p < kParts; ++p) {
-      if (p % 2 == 0) part(sA, dpA, sB, dpB, at, attend, p, acc[p]);
-      else part(sB, dpB, sA, dpA, at, attend, p, acc[p]);
-    }
-    ring.release(j, lane);  // the stage's last reader (its stats)
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] += dpT[i][e];  // slice order
   }
   const int64_t plane = static_cast<int64_t>(a.part_rows) * a.part_cols;
-  float* out = a.dbias_part + ((static_cast<int64_t>(blockIdx.y) * a.dims.B + blk.b) * a.dims.H + blk.h) * plane;
+  float* part = a.dbias_part + ((static_cast<int64_t>(blockIdx.y) * a.dims.B + blk.b) * a.dims.H + blk.h) * plane;
 #pragma unroll
-  for (int p = 0; p < kParts; ++p)
+  for (int i = 0; i < 16; ++i)
 #pragma unroll
-    for (int i = 0; i < kNi; ++i)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(out + static_cast<int64_t>(key0 + 8 * r) * a.part_cols + q0 + q_base + kPartQ * p +
-                                   8 * i + 2 * t) = make_float2(acc[p][i][2 * r], acc[p][i][2 * r + 1]);
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(part + static_cast<int64_t>(key0 + 8 * r) * a.part_cols + q0 + 8 * i + 2 * t) =
+          make_float2(acc[i][2 * r], acc[i][2 * r + 1]);
 }
 
 template <class T>
-__global__ void __launch_bounds__(TP::kThreads2, 1) pass2_kernel(const __grid_constant__ TwoPassMaps maps, const BwdArgs a,
-                                                                  const TpArgs tp) {
+__global__ void __launch_bounds__(TP::kThreads, 1) pass2_kernel(const __grid_constant__ TwoPassMaps maps, const BwdArgs a,
+                                                                 const TpArgs tp) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  const auto [smem, base, ring] = tp_shared(smem_raw, p2::kBars, TP::kMathThreads2 / 32);
+  const auto [smem, base, ring] = tp_shared(smem_raw, p2::kBars);
   const TpBlock blk(a, tp.slices2);
   const int k0 = (blockIdx.x / tp.query_tiles) * 128, q0 = (blockIdx.x % tp.query_tiles) * 128;
   if (blk.s1 <= blk.s0) return;
-  if (threadIdx.x >= TP::kMathThreads2) {
-    dev::regs_decrease<TP::kHelperRegs2>();
-    const int warp = (threadIdx.x - TP::kMathThreads2) / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x >= TP::kMathThreads) {
+    dev::regs_decrease<TP::kHelperRegs>();
+    const int warp = (threadIdx.x - TP::kMathThreads) / 32, lane = threadIdx.x % 32;
     if (warp == 0 && lane == 0) produce2(maps, base, ring, blk, k0, q0);
     if (warp == 1)
       load_stats(a, smem, ring, blk.s1 - blk.s0, lane, [&](int j, int64_t* row, int* q, uint32_t* stats) {
@@ -364,7 +309,7 @@ __global__ void __launch_bounds__(TP::kThreads2, 1) pass2_kernel(const __grid_co
       });
     return;
   }
-  dev::regs_increase<TP::kMathRegs2>();
+  dev::regs_increase<TP::kMathRegs>();
   math2<T>(a, smem, base, ring, blk, k0, q0, threadIdx.x / 128);
 }
 
@@ -378,7 +323,7 @@ cudaError_t launch_passes(const BwdArgs& a, const TwoPassMaps& maps, const TwoPa
   if (a.dbias_part) {
     auto k2 = pass2_kernel<T>;
     if (const cudaError_t e = tpf::detail::allow_dynamic_smem(k2, static_cast<int>(p2::kBytes)); e != cudaSuccess) return e;
-    k2<<<dim3(plan.key_tiles * plan.key_tiles, plan.chunks2, bh), TP::kThreads2, p2::kBytes, stream>>>(maps, a, tp);
+    k2<<<dim3(plan.key_tiles * plan.key_tiles, plan.chunks2, bh), TP::kThreads, p2::kBytes, stream>>>(maps, a, tp);
   }
   return cudaGetLastError();
 }

@@ -1,10 +1,10 @@
 // The parts both passes of the two-pass attention backward share (two_pass.cu): the ring of
 // shared-memory stages and its barriers, the LSE / Dlt loader, and a math warpgroup's scores and
-// probabilities over its 64 keys x the step's 128 queries (pass 1) or a part of them (pass 2).
+// probabilities over its 64 keys x the step's 128 queries.
 //
 // Thread (warp w of the warpgroup, g = lane / 4, t = lane % 4) holds keys 16 w + g and
-// 16 w + g + 8 of its warpgroup's 64; fragments [NI][4]: n8 tile i of the queries, element e
-// at key row e / 2, query 8 i + 2 t + e % 2 (the m64nN accumulator layout).
+// 16 w + g + 8 of its warpgroup's 64; fragments [16][4]: n8 tile i of the 128 queries, element e
+// at key row e / 2, query 8 i + 2 t + e % 2 (the m64n128 accumulator layout).
 #pragma once
 #include <cuda.h>
 
@@ -39,10 +39,10 @@ struct TpRing {
   uint32_t bars;  // full[2], then empty[2], 8 bytes each
   __device__ uint32_t full(int st) const { return bars + 8 * st; }
   __device__ uint32_t empty(int st) const { return bars + 16 + 8 * st; }
-  __device__ void init(int math_warps) const {
+  __device__ void init() const {
     for (int st = 0; st < 2; ++st) {
       dev::mbar_init(full(st), 2);
-      dev::mbar_init(empty(st), math_warps);
+      dev::mbar_init(empty(st), TwoPassTile::kMathThreads / 32);
     }
     dev::mbar_init_fence();
   }
@@ -63,10 +63,10 @@ struct TpShared {
   uint32_t base;  // its shared address
   TpRing ring;
 };
-__device__ __forceinline__ TpShared tp_shared(uint8_t* raw, uint32_t bars, int math_warps) {
+__device__ __forceinline__ TpShared tp_shared(uint8_t* raw, uint32_t bars) {
   uint8_t* smem = raw + ((1024 - (dev::smem_addr(raw) & 1023)) & 1023);
   const TpShared sh{smem, dev::smem_addr(smem), TpRing{dev::smem_addr(smem) + bars}};
-  if (threadIdx.x == 0) sh.ring.init(math_warps);
+  if (threadIdx.x == 0) sh.ring.init();
   __syncthreads();
   return sh;
 }
@@ -99,70 +99,45 @@ __device__ void load_stats(const BwdArgs& a, uint8_t* smem, const TpRing& ring, 
   }
 }
 
-// S^T = K Q^T and dP^T = V dO^T for warpgroup wg's 64 keys (rows 64 wg of the K, V tiles) and
-// NQ of the step's queries from row q_row (m64n128k16, m64n64k16 or m64n32k16), both operands
-// K-major from the 64-byte swizzled tiles, issued as one committed batch: the caller waits for it
-// (wgmma_wait, then wgmma_fence_operands) before it reads sT or dpT.
-template <class T, int NQ>
-__device__ __forceinline__ void tp_scores_issue(float (&sT)[NQ / 8][4], float (&dpT)[NQ / 8][4], uint32_t base,
-                                                const TpStep& at, int wg, int q_row) {
-  static_assert(NQ == 128 || NQ == 64 || NQ == 32 || NQ == 16, "the wgmma widths wrapped");
-  float(&s_flat)[NQ / 2] = reinterpret_cast<float(&)[NQ / 2]>(sT);
-  float(&dp_flat)[NQ / 2] = reinterpret_cast<float(&)[NQ / 2]>(dpT);
+// S^T = K Q^T and dP^T = V dO^T for warpgroup wg's 64 keys (rows 64 wg of the K, V tiles) and the
+// 128 queries: m64n128k16, both operands K-major from the 64-byte swizzled tiles.
+template <class T>
+__device__ __forceinline__ void tp_scores(float (&sT)[16][4], float (&dpT)[16][4], uint32_t base, const TpStep& at,
+                                          int wg) {
+  float(&s_flat)[64] = reinterpret_cast<float(&)[64]>(sT);
+  float(&dp_flat)[64] = reinterpret_cast<float(&)[64]>(dpT);
   const uint64_t dK = dev::wgmma_desc_rows32(base + at.k + wg * 64 * 64), dV = dev::wgmma_desc_rows32(base + at.v + wg * 64 * 64);
-  const uint64_t dQ = dev::wgmma_desc_rows32(base + at.q + q_row * 64), dO = dev::wgmma_desc_rows32(base + at.o + q_row * 64);
-  dev::wgmma_fence_operands(s_flat);  // pinned on both sides: no copy of them while the batch runs
-  dev::wgmma_fence_operands(dp_flat);
+  const uint64_t dQ = dev::wgmma_desc_rows32(base + at.q), dO = dev::wgmma_desc_rows32(base + at.o);
   dev::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kTpD / 16; ++ks) {
-    if constexpr (NQ == 128) {
-      dev::Wgmma<T, 0, 0>::run(s_flat, dK + 2 * ks, dQ + 2 * ks, ks > 0);
-      dev::Wgmma<T, 0, 0>::run(dp_flat, dV + 2 * ks, dO + 2 * ks, ks > 0);
-    } else {
-      dev::WgmmaSS<T, NQ, 0, 0>::run(s_flat, dK + 2 * ks, dQ + 2 * ks, ks > 0);
-      dev::WgmmaSS<T, NQ, 0, 0>::run(dp_flat, dV + 2 * ks, dO + 2 * ks, ks > 0);
-    }
+    dev::Wgmma<T, 0, 0>::run(s_flat, dK + 2 * ks, dQ + 2 * ks, ks > 0);
+    dev::Wgmma<T, 0, 0>::run(dp_flat, dV + 2 * ks, dO + 2 * ks, ks > 0);
   }
   dev::wgmma_commit();
+  dev::wgmma_wait<0>();
   dev::wgmma_fence_operands(s_flat);
   dev::wgmma_fence_operands(dp_flat);
 }
 
-// The issued batch's results, readable: after a wgmma_wait that completed their batch.
-template <int NI>
-__device__ __forceinline__ void tp_scores_landed(float (&sT)[NI][4], float (&dpT)[NI][4]) {
-  dev::wgmma_fence_operands(reinterpret_cast<float(&)[4 * NI]>(sT));
-  dev::wgmma_fence_operands(reinterpret_cast<float(&)[4 * NI]>(dpT));
-}
-
-// The whole step's 128 queries, waited for.
+// The score modifier and the probabilities, in place (as backward_parts.cuh's probabilities):
+// P^T = exp2((S^T scale + bias) log2(e) - LSE log2(e)), 0 at keys not attended; dS^T = P^T (dP^T
+// - Dlt). The bias pairs of two n8 tiles come in one ldmatrix.x4.trans from the warpgroup's
+// [128 queries][64 keys] box in the 128-byte swizzle: query row q's chunk c (keys 8c ..) at
+// chunk c ^ (q % 8).
 template <class T>
-__device__ __forceinline__ void tp_scores(float (&sT)[16][4], float (&dpT)[16][4], uint32_t base, const TpStep& at,
-                                          int wg) {
-  tp_scores_issue<T, 128>(sT, dpT, base, at, wg, 0);
-  dev::wgmma_wait<0>();
-  tp_scores_landed(sT, dpT);
-}
-
-// The score modifier and the probabilities of NI n8 tiles of queries from row q_row of the step,
-// in place (as backward_parts.cuh's probabilities): P^T = exp2((S^T scale + bias) log2(e) -
-// LSE log2(e)), 0 at keys not attended; dS^T = P^T (dP^T - Dlt). The bias pairs of two n8 tiles
-// come in one ldmatrix.x4.trans from the warpgroup's [128 queries][64 keys] box in the 128-byte
-// swizzle: query row q's chunk c (keys 8c ..) at chunk c ^ (q % 8).
-template <class T, int NI = 16>
-__device__ __forceinline__ void tp_probabilities(float (&sT)[NI][4], float (&dpT)[NI][4], const uint8_t* smem,
+__device__ __forceinline__ void tp_probabilities(float (&sT)[16][4], float (&dpT)[16][4], const uint8_t* smem,
                                                  uint32_t base, const TpStep& at, int wg, const bool (&attend)[2],
-                                                 float scale, int q_row = 0) {
+                                                 float scale) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int mx = lane >> 3, j = lane & 7, fr = 16 * w + 8 * (mx & 1), fc = 8 * (mx >> 1);
-  const uint32_t bias = base + at.bias + wg * kTpBiasPart + q_row * 128 + (fc + j) * 128 + (((fr >> 3) ^ j) << 4);
-  const float* lse = reinterpret_cast<const float*>(smem + at.stats) + q_row;
+  const uint32_t bias = base + at.bias + wg * kTpBiasPart + (fc + j) * 128 + (((fr >> 3) ^ j) << 4);
+  const float* lse = reinterpret_cast<const float*>(smem + at.stats);
   const float* dlt = lse + 128;
   uint32_t bp[4];  // bias pairs of n8 tiles i, i + 1
 #pragma unroll
-  for (int i = 0; i < NI; ++i) {
+  for (int i = 0; i < 16; ++i) {
     if (i % 2 == 0) dev::ldmatrix_x4_trans(bp, bias + 1024 * i);
     const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
     const float2 d = *reinterpret_cast<const float2*>(dlt + 8 * i + 2 * t);
@@ -176,27 +151,6 @@ __device__ __forceinline__ void tp_probabilities(float (&sT)[NI][4], float (&dpT
       dpT[i][e] = p * (dpT[i][e] - (e & 1 ? d.y : d.x));
     }
   }
-}
-
-// Part pt of a step whose kParts parts of NI n8 tiles are software-pipelined over two register
-// sets: with part pt's scores issued into (sT, dpT), issue part pt + 1's into (nsT, ndpT) (none
-// after the last), wait for part pt's, and turn them into P^T and dS^T in place. While they
-// run, the next part's scores are on the tensor cores.
-// kAfter: batches the caller committed after part pt's scores that may stay in flight (pass 1:
-// the previous part's gradient products).
-template <class T, int NI, int kParts, int kAfter = 0>
-__device__ __forceinline__ void tp_pipelined_part(float (&sT)[NI][4], float (&dpT)[NI][4], float (&nsT)[NI][4],
-                                                  float (&ndpT)[NI][4], const uint8_t* smem, uint32_t base,
-                                                  const TpStep& at, int wg, const bool (&attend)[2], float scale,
-                                                  int pt, int q_base = 0) {
-  if (pt + 1 < kParts) {
-    tp_scores_issue<T, 8 * NI>(nsT, ndpT, base, at, wg, q_base + 8 * NI * (pt + 1));
-    dev::wgmma_wait<1 + kAfter>();  // part pt's batch (and any before it)
-  } else {
-    dev::wgmma_wait<kAfter>();
-  }
-  tp_scores_landed(sT, dpT);
-  tp_probabilities<T, NI>(sT, dpT, smem, base, at, wg, attend, scale, q_base + 8 * NI * pt);
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ struct WgmmaN128RS {
 #undef TPF_WGMMA_M64N128K16_RS
 
 // D (+)= A B, both operands from shared memory, for 64 x N x 16 steps with N = 64 (32
-// accumulators), 32 (16) or 16 (8): the attention backward's S^T, dP^T (and dQ, which measured slower).
+// accumulators) or 32 (16): the attention backward's S^T, dP^T (and dQ, which measured slower).
 #define TPF_WGMMA_M64N64K16_SS(TYPE) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
@@ -146,29 +146,18 @@ struct WgmmaN128RS {
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
 
-#define TPF_WGMMA_M64N16K16_SS(TYPE) \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " " \
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, " \
-               "%8, %9, p, 1, 1, %11, %12;\n}\n" \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-
 template <class T, int N, int kTransA, int kTransB>
 struct WgmmaSS {
-  static_assert(N == 64 || N == 32 || N == 16, "the shapes wrapped here");
+  static_assert(N == 64 || N == 32, "the shapes wrapped here");
   __device__ __forceinline__ static void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     constexpr bool kHalf = std::is_same_v<T, __half>;
     if constexpr (N == 64 && kHalf) TPF_WGMMA_M64N64K16_SS("f16");
     if constexpr (N == 64 && !kHalf) TPF_WGMMA_M64N64K16_SS("bf16");
     if constexpr (N == 32 && kHalf) TPF_WGMMA_M64N32K16_SS("f16");
     if constexpr (N == 32 && !kHalf) TPF_WGMMA_M64N32K16_SS("bf16");
-    if constexpr (N == 16 && kHalf) TPF_WGMMA_M64N16K16_SS("f16");
-    if constexpr (N == 16 && !kHalf) TPF_WGMMA_M64N16K16_SS("bf16");
   }
 };
 #undef TPF_WGMMA_M64N64K16_SS
 #undef TPF_WGMMA_M64N32K16_SS
-#undef TPF_WGMMA_M64N16K16_SS
 
 }  // namespace tpf::dev
