@@ -171,8 +171,10 @@ def schedule(ins: list[str]) -> str:
 
 
 def diff(old: Path, new: Path) -> int:
-    parse = lambda p: dict(
-        line.split("  ", 1) for line in p.read_text().splitlines() if "  " in line
+    parse = lambda p: dict(  # kernel rows only (a --waits schedule line is indented)
+        line.split("  ", 1)
+        for line in p.read_text().splitlines()
+        if "  " in line and not line.startswith(" ")
     )
     a, b = parse(old), parse(new)
     changed = 0
