@@ -155,11 +155,11 @@ struct ProjectEpilogue : ProjectOutputs<T> {
 // pixels], whose 16-byte chunk k of channel i's 128-byte row sits at k ^ (i % 8) (the eight rows
 // one stmatrix writes fall in distinct banks); then its lanes store 8 pixels of a channel (16
 // bytes) at a time.
-template <class T, class Tile = ProjectTile>
+template <class T>
 struct ProjectTmaEpilogue : ProjectOutputs<T> {
-  static constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
-  static constexpr int kConsumers = Tile::kConsumers, kProducerRegs = Tile::kProducerRegs,
-                       kConsumerRegs = Tile::kConsumerRegs;
+  static constexpr int kBlockN = ProjectTile::kBlockN, kStages = ProjectTile::kStages;
+  static constexpr int kConsumers = ProjectTile::kConsumers, kProducerRegs = ProjectTile::kProducerRegs,
+                       kConsumerRegs = ProjectTile::kConsumerRegs;
   static constexpr bool kSplitK = false;
   static constexpr int kTileBytes = 64 * 64 * 2;            // [64 channels][64 pixels], 16-bit
   static constexpr int kBufBytes = 2 * kTileBytes + 8 * 8;  // T's tile, the bf16 copy's, 8 chunk offsets

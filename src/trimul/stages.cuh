@@ -6,7 +6,6 @@
 #include "trimul/epilogues.cuh"
 #include "trimul/gemm_tma.cuh"
 #include "trimul/kernels.h"
-#include "trimul/norm_project.h"
 #include "trimul/workspace.h"
 
 namespace tpf::trimul {
@@ -83,17 +82,11 @@ template <class TAB>
 cudaError_t forward_through_product(const Problem& p, const Workspace& ws, cudaStream_t s) {
   cudaError_t e;
   if ((e = prep_weights(p, ws.wcat, ws.bcat, ws.wz, ws.bz, ws.wcat_raw, ws.wz_raw, s)) != cudaSuccess) return e;
-  bool fused = false;  // LayerNorm_in with the projection (an inference forward, norm_project.h)
-  if constexpr (std::is_same_v<TAB, __half>) {
-    if ((e = norm_project(p, ws, s, &fused)) != cudaSuccess) return e;
-  }
-  if (!fused) {
-    // (the bf16 pair only where something reads it: the recomputing backward's overlays remake
-    // it per tail chunk)
-    void* xhat_bf = ws.xhat_per_chunk ? nullptr : ws.xhat_in_bf;
-    if ((e = ln_rows_forward(p, ws.xhat_in, xhat_bf, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
-    if ((e = project<TAB>(p, ws, s)) != cudaSuccess) return e;
-  }
+  // (the bf16 pair only where something reads it: the recomputing backward's overlays remake it
+  // per tail chunk)
+  void* xhat_bf = ws.xhat_per_chunk ? nullptr : ws.xhat_in_bf;
+  if ((e = ln_rows_forward(p, ws.xhat_in, xhat_bf, ws.mean_in, ws.rstd_in, s)) != cudaSuccess) return e;
+  if ((e = project<TAB>(p, ws, s)) != cudaSuccess) return e;
   if ((e = triangle_product<TAB>(p, ws, s)) != cudaSuccess) return e;
   return ln_channel_major_forward(p, ws.x, ws.xhat_out, ws.xhat_out_bf, ws.mean_out, ws.rstd_out, s);
 }

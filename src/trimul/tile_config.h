@@ -71,14 +71,6 @@ struct WgradNarrowTile {
 struct ProjectTile {
   static constexpr int kBlockN = 128, kStages = 3, kConsumers = 4, kProducerRegs = 24, kConsumerRegs = 112;
 };
-// The inference forward's LayerNorm_in and projection as one kernel (norm_project.cu, C = Ch =
-// 128): 128-row tiles on two consumers, each normalizing its 64 rows of z in shared memory and
-// walking the five column tiles with two accumulator sets (a column tile's epilogue under the
-// next one's MMA: 128 of 232 registers); z rows and weight column tiles in rings of two 32 KB
-// stages (40 x 128 + 232 x 256 registers).
-struct NormProjectTile {
-  static constexpr int kBlockN = 128, kStages = 2, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232;
-};
 
 // The fused backward tail (tail.cu): 128-pixel row tiles, 64 rows a consumer warpgroup (one
 // m64 wgmma row block each), so that a block's x̂, weight, dlin and da tiles fit its 224 KB of
