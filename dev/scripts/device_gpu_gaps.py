@@ -23,6 +23,7 @@ Usage: TPF_LIBRARY=... PYTHONPATH=python:dev/scripts python3 dev/scripts/device_
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -88,19 +89,29 @@ def gaps(events, min_us):
     return out, busy, end - start
 
 
-def host_timeline(step, steps=10, first=8):
-    """(median ms from a step's start to each of its first C calls and the call's own host ms
-    [(name, start, ms)], median host ms of the whole step), the library's C calls time-stamped."""
-    stamps = []
+@contextlib.contextmanager
+def c_calls_stamped(record):
+    """The library's C calls time-stamped while inside: record(fn, start, end) after each, in
+    perf_counter seconds; the call path restored on exit."""
     call = _calls.check_call
 
     def stamped(fn, a, *args):
         t = time.perf_counter()
         call(fn, a, *args)
-        stamps.append((fn.__name__, t, time.perf_counter()))
+        record(fn, t, time.perf_counter())
 
     _calls.check_call = stamped
     try:
+        yield
+    finally:
+        _calls.check_call = call
+
+
+def host_timeline(step, steps=10, first=8):
+    """(median ms from a step's start to each of its first C calls and the call's own host ms
+    [(name, start, ms)], median host ms of the whole step), the library's C calls time-stamped."""
+    stamps = []
+    with c_calls_stamped(lambda fn, t, done: stamps.append((fn.__name__, t, done))):
         for _ in range(3):
             step()
         at, ends = collections.defaultdict(list), []
@@ -112,8 +123,6 @@ def host_timeline(step, steps=10, first=8):
             ends.append((time.perf_counter() - t0) * 1e3)
             for i, (name, t, done) in enumerate(stamps[:first]):
                 at[(i, name)].append(((t - t0) * 1e3, (done - t) * 1e3))
-    finally:
-        _calls.check_call = call
     med = statistics.median
     calls = [(n, med(t for t, _ in v), med(d for _, d in v)) for (_, n), v in sorted(at.items())]
     return calls, med(ends)
@@ -137,42 +146,35 @@ def prologue(step, before, steps=10):
     or None when queued, [(stamp, median ms from the step's start)] up to that call), each step
     preceded by `before` (see the docstring)."""
     first, pieces = STAMPS, collections.defaultdict(list)
-    call = _calls.check_call
-
-    def stamped(fn, a, *args):
-        first.append(("C call", time.perf_counter()))
-        call(fn, a, *args)
-
     cpus = os.sched_getaffinity(0)
-    _calls.check_call = stamped
     try:
-        if before == "pinned":
-            os.sched_setaffinity(0, {max(cpus)})  # this thread only; the others keep theirs
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        host, events = [], []
-        for _ in range(steps):
-            if before != "queued":
-                torch.cuda.synchronize()
-            if before == "spin":
-                _busy(5)
-            elif before == "sleep":
-                time.sleep(5e-3)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            first.clear()
-            a.record()
-            t0 = time.perf_counter()
-            step()
-            b.record()
-            upto = next(i for i, (label, _) in enumerate(first) if label == "C call")
-            host.append((first[upto][1] - t0) * 1e3)
-            for i, (label, t) in enumerate(first[: upto + 1]):
-                pieces[(i, label)].append((t - t0) * 1e3)
-            events.append((a, b))
-        torch.cuda.synchronize()
+        with c_calls_stamped(lambda fn, t, done: first.append(("C call", t))):
+            if before == "pinned":
+                os.sched_setaffinity(0, {max(cpus)})  # this thread only; the others keep theirs
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            host, events = [], []
+            for _ in range(steps):
+                if before != "queued":
+                    torch.cuda.synchronize()
+                if before == "spin":
+                    _busy(5)
+                elif before == "sleep":
+                    time.sleep(5e-3)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                first.clear()
+                a.record()
+                t0 = time.perf_counter()
+                step()
+                b.record()
+                upto = next(i for i, (label, _) in enumerate(first) if label == "C call")
+                host.append((first[upto][1] - t0) * 1e3)
+                for i, (label, t) in enumerate(first[: upto + 1]):
+                    pieces[(i, label)].append((t - t0) * 1e3)
+                events.append((a, b))
+            torch.cuda.synchronize()
     finally:
-        _calls.check_call = call
         os.sched_setaffinity(0, cpus)
     med = statistics.median
     gpu = None if before == "queued" else med(a.elapsed_time(b) for a, b in events)
