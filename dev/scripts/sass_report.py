@@ -121,7 +121,7 @@ def report(src: Path, pattern: re.Pattern, waits: bool = False) -> list[str]:
                     "hmma": sum(1 for i in ins if re.search(r"\bHMMA\b", i)),
                     "bytes": 16 * len(ins),
                     "hash": hashlib.md5("".join(codes).encode()).hexdigest()[:12],
-                    "waits": schedule(ins),
+                    "waits": schedule(ins) if waits else "",
                 }
     rows = []
     for fname in sorted(f for f in ptxas if "regs" in ptxas[f]):
