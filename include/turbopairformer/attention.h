@@ -44,6 +44,9 @@ struct AttentionBackwardParams {
   TensorView dout;          // [B,S,H,N,D] q's dtype
   TensorView dq, dk, dv;    // [B,S,H,N,D] q's dtype, written
   TensorView dbias;         // [B,1,H,N,N] bias's dtype, written; optional (skip its reduction)
+  TensorView delta;         // [B,S,H,N] fp32 contiguous, optional: Dlt = <dout, out (+ residual)>
+                            //   as the caller computed it (the gate's backward, gate.h), read
+                            //   instead of computed; ignored by the reference
   std::optional<double> scale;
   bool compensate = true;   // Dlt = <dO, out + residual> (true) or <dO, out> (false)
 };

@@ -28,7 +28,7 @@ typedef struct tpf_tensor {
 
 /* The tensors of the attention structs, in their order: the forward's, then the backward's own. */
 #define TPF_ATTENTION_FWD_TENSORS(X) X(q) X(k) X(v) X(bias) X(mask) X(out) X(out_residual) X(lse)
-#define TPF_ATTENTION_BWD_TENSORS(X) X(dout) X(dq) X(dk) X(dv) X(dbias)
+#define TPF_ATTENTION_BWD_TENSORS(X) X(dout) X(dq) X(dk) X(dv) X(dbias) X(delta)
 #define TPF_ATTENTION_TENSORS(X) TPF_ATTENTION_FWD_TENSORS(X) TPF_ATTENTION_BWD_TENSORS(X)
 /* The weights of the multiplicative update, in tpf::TrimulWeights order. */
 #define TPF_TRIMUL_WEIGHT_NAMES(X)                                                               \
@@ -75,9 +75,10 @@ typedef struct tpf_swiglu_args {
   tpf_tensor x, y, dy, dx;
 } tpf_swiglu_args;
 
-/* The sigmoid gate (turbopairformer/gate.h): y = sigmoid(g) o over [R, W] rows. */
+/* The sigmoid gate (turbopairformer/gate.h): y = sigmoid(g) o over [R, W] rows; the backward
+ * optionally writes each head's <do, o + out_residual> (delta). */
 typedef struct tpf_sigmoid_gate_args {
-  tpf_tensor g, o, y, dy, dg, d_o;
+  tpf_tensor g, o, y, dy, dg, d_o, out_residual, delta;
 } tpf_sigmoid_gate_args;
 
 /* The residual update (turbopairformer/residual.h): out = z + scale u; du = dout scale. */

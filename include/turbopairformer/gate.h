@@ -23,6 +23,13 @@ struct SigmoidGateParams {
   TensorView dy;  // backward: [R, W] g's dtype
   TensorView dg;  // backward: [R, W] g's dtype, written
   TensorView d_o; // backward: [R, W] g's dtype, written
+  // The backward's optional by-product for the attention backward (its Dlt, so that pass need
+  // not read do and o again): delta [B, I, J, H] fp32, any strides, with B I J = R (row r =
+  // (b I + i) J + j) and W = H D: delta[b, i, j, h] = sum over head h's D columns of
+  // do (o + out_residual), do as written. On the GPU: 16-bit g, D / 8 a power of two up to 32,
+  // and the sum in the attention backward's own order, so it is that pass's value bit for bit.
+  TensorView out_residual;  // backward: optional [R, W] g's dtype, with delta only
+  TensorView delta;         // backward: optional, written
 };
 
 Status validate_sigmoid_gate(const SigmoidGateParams& p, bool backward, bool for_gpu);

@@ -121,9 +121,17 @@ def _attention_backward(
     dout = _branch_grad(dout, scale if ctx.residual else None, y.dtype)
     dog = _rows(dout) @ wo_c  # [R, H c]
     dy = torch.empty_like(y)  # the stacked projection's gradient, every block written in place
+    g_rows = _gate_rows(y, heads)  # [R, H c]
+    delta = delta_ijh = None  # the attention's Dlt [B, S, H, N], from the gate's kernel
+    if y.is_cuda and _gate.delta_on_kernel(g_rows, H):
+        B, I, J = y.shape[:3]
+        S, N = (I, J) if ctx.starting else (J, I)
+        delta = torch.empty(B, S, H, N, dtype=torch.float32, device=y.device)
+        delta_ijh = delta.permute((0, 1, 3, 2) if ctx.starting else (0, 3, 1, 2))  # [B, I, J, H]
     _, d_o, og = _gate.backward(
-        _gate_rows(y, heads), o.view(-1, Hc), dog, _gate_rows(dy, heads)
-    )  # dg lands in dy's gate block; d_o, og: [R, H c]
+        g_rows, o.view(-1, Hc), dog, _gate_rows(dy, heads),
+        res=None if res is None or delta is None else res.view(-1, Hc), delta=delta_ijh,
+    )  # fmt: skip  # dg lands in dy's gate block; d_o, og: [R, H c]
     dwo, dbo = _weight_grads(dout, og, wo.dtype, has_out_bias)
     dq, dk, dv = (_heads_block(dy, t, heads, to) for t in range(3))
     q, k, v = (_heads_block(y, t, heads, to) for t in range(3))
@@ -145,6 +153,7 @@ def _attention_backward(
         dk,
         dv,
         dbias,
+        delta,
     )
     order = _bias_order(ctx.starting)
     inverse = sorted(range(4), key=order.__getitem__)

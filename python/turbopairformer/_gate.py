@@ -46,18 +46,48 @@ def forward(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def backward(g: torch.Tensor, o: torch.Tensor, dy: torch.Tensor, dg: Optional[torch.Tensor] = None):
+def delta_on_kernel(g: torch.Tensor, heads: int) -> bool:
+    """Whether backward's kernel gives the heads' delta for this g (16-bit, D / 8 a power of
+    two up to 32); callers compute it themselves otherwise."""
+    D = g.shape[1] // heads if heads else 0
+    lanes = D // 8
+    return (
+        g.dtype in (torch.bfloat16, torch.float16)
+        and D * heads == g.shape[1]
+        and D % 8 == 0
+        and 0 < lanes <= 32
+        and lanes & (lanes - 1) == 0
+    )
+
+
+def backward(
+    g: torch.Tensor,
+    o: torch.Tensor,
+    dy: torch.Tensor,
+    dg: Optional[torch.Tensor] = None,
+    res: Optional[torch.Tensor] = None,
+    delta: Optional[torch.Tensor] = None,
+):
     """(dg, do, y) from the gradient dy of y: dg written into the given [R, W] view where one
-    comes, do contiguous, and y = forward(g, o) again (bitwise)."""
+    comes, do contiguous, and y = forward(g, o) again (bitwise). delta: an fp32 [B, I, J, H]
+    view (B I J = R, W = H D) the kernel fills with each head's sum of do (o + res), the
+    attention backward's Dlt (gate.h), in its order where delta_on_kernel (elsewhere by PyTorch
+    ops)."""
     dy = dy.to(g.dtype)
     dg = torch.empty(g.shape, dtype=g.dtype, device=g.device) if dg is None else dg
     d_o = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    if not _on_kernel(g, o, dy, dg):
+    if not _on_kernel(g, o, dy, dg, *([] if res is None else [res])):
         ct = torch.promote_types(g.dtype, torch.float32)
         s, ov, dyv = torch.sigmoid(g.to(ct)), o.to(ct), dy.to(ct)
         dg.copy_(dyv * ov * s * (1 - s))
         d_o.copy_(dyv * s)
+        if delta is not None:
+            full = ov if res is None else ov + res.to(ct)
+            delta.copy_((d_o.to(ct) * full).view(*delta.shape, -1).sum(-1))
         return dg, d_o, (s * ov).to(g.dtype)
     y = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    _call(_native.LIB.tpf_sigmoid_gate_backward, g=g, o=o, y=y, dy=dy, dg=dg, d_o=d_o)
+    _call(
+        _native.LIB.tpf_sigmoid_gate_backward,
+        g=g, o=o, y=y, dy=dy, dg=dg, d_o=d_o, out_residual=res, delta=delta,
+    )  # fmt: skip
     return dg, d_o, y

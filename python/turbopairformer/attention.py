@@ -41,9 +41,13 @@ def forward_into(q, k, v, bias, mask, scale, compensate, out, res, lse) -> None:
     _calls.run(_native.LIB.tpf_attention_forward, a, q)
 
 
-def backward_into(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, dq, dk, dv, dbias):
+def backward_into(
+    dout, q, k, v, bias, mask, out, res, lse, scale, compensate, dq, dk, dv, dbias, delta=None
+):
     """The backward writing the given dq, dk, dv and dbias (None: not computed), any strides
-    the core takes, e.g. views of one stacked projection's gradient."""
+    the core takes, e.g. views of one stacked projection's gradient. delta: the rows' Dlt =
+    <dout, out (+ res)>, fp32 [B, S, H, N] contiguous, where the caller has it (the gate's
+    backward gives it); None: the backward computes it."""
     a = _args(
         scale,
         compensate,
@@ -53,6 +57,7 @@ def backward_into(dout, q, k, v, bias, mask, out, res, lse, scale, compensate, d
         dk=dk,
         dv=dv,
         dbias=dbias,
+        delta=delta,
     )
     lib = _native.LIB
     _calls.call_with_workspace(

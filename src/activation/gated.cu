@@ -38,7 +38,7 @@ struct Ptr {  // a typed operand: row r, element j at p[r * stride + j]
   __device__ T* at(int64_t r, int64_t j) const { return p + r * stride + j; }
 };
 template <class T>
-Ptr<T> typed(Rows r) {
+__host__ __device__ Ptr<T> typed(Rows r) {
   return {static_cast<T*>(const_cast<void*>(r.p)), r.stride};
 }
 
@@ -59,11 +59,34 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(int64_t rows, int64_t
   }
 }
 
+// Head dot: this lane's share of dots.p[row r, head of column j], sum of db (b + res) over the
+// head's D columns. Each lane adds its kN products by fmaf in column order, then the head's D / kN
+// lanes (consecutive, a power of two) add by an xor shuffle tree: the order of the attention
+// backward's Dlt (reduce.cu's delta_kernel), so the two agree bit for bit. The head's first lane
+// stores. `live`: the warp's lanes in this loop round (every head's lanes are in it or out).
+template <class T>
+__device__ __forceinline__ void head_dot(const HeadDots& dots, const Ptr<T>& res, int64_t r, int64_t j,
+                                         const Vec<T>& dbv, const Vec<T>& bv, unsigned live) {
+  constexpr int kN = Vec<T>::kN;
+  Vec<T> rv;  // b's residual, zeros without one
+  *reinterpret_cast<uint4*>(rv.v) = make_uint4(0, 0, 0, 0);
+  if (res.p) rv = load(res.at(r, j));
+  float acc = 0.f;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) acc = fmaf(dev::to_float(dbv.v[e]), dev::to_float(bv.v[e]) + dev::to_float(rv.v[e]), acc);
+  const int lanes = static_cast<int>(dots.D / kN);
+  for (int o = 1; o < lanes; o <<= 1) acc += __shfl_xor_sync(live, acc, o);
+  if ((j / kN) % lanes != 0) return;
+  const int64_t b = r / (dots.I * dots.J), i = (r / dots.J) % dots.I, jj = r % dots.J, h = j / dots.D;
+  dots.p[b * dots.stride[0] + i * dots.stride[1] + jj * dots.stride[2] + h * dots.stride[3]] = acc;
+}
+
 template <class T, Gate G>
-__global__ void __launch_bounds__(kThreads)
-    backward_kernel(int64_t rows, int64_t W, Ptr<T> a, Ptr<T> b, Ptr<T> dy, Ptr<T> da, Ptr<T> db, Ptr<T> y) {
+__global__ void __launch_bounds__(kThreads) backward_kernel(int64_t rows, int64_t W, Ptr<T> a, Ptr<T> b, Ptr<T> dy,
+                                                            Ptr<T> da, Ptr<T> db, Ptr<T> y, HeadDots dots) {
   constexpr int kN = Vec<T>::kN;
   const int64_t per_row = W / kN, n = rows * per_row;
+  const Ptr<T> res = typed<T>(dots.res);
   for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     const int64_t r = i / per_row, j = (i % per_row) * kN;
     const Vec<T> av = load(a.at(r, j)), bv = load(b.at(r, j)), gv = load(dy.at(r, j));
@@ -79,6 +102,11 @@ __global__ void __launch_bounds__(kThreads)
     store(da.at(r, j), dav);
     store(db.at(r, j), dbv);
     if (y.p) store(y.at(r, j), h);
+    if (dots.p) {
+      const int64_t first = i - threadIdx.x % 32;  // the warp's lane 0; lanes past n have left
+      const unsigned live = n - first >= 32 ? 0xffffffffu : (1u << (n - first)) - 1u;
+      head_dot(dots, res, r, j, dbv, bv, live);
+    }
   }
 }
 
@@ -114,12 +142,13 @@ cudaError_t forward(const Shape& s, Rows a, Rows b, Rows y, cudaStream_t st) {
   });
 }
 
-cudaError_t backward(const Shape& s, Rows a, Rows b, Rows dy, Rows da, Rows db, Rows y, cudaStream_t st) {
+cudaError_t backward(const Shape& s, Rows a, Rows b, Rows dy, Rows da, Rows db, Rows y, const HeadDots& dots,
+                     cudaStream_t st) {
   if (s.rows == 0 || s.W == 0) return cudaSuccess;
   return dispatch(s, [&](auto t, auto g) {
     using T = decltype(t);
     backward_kernel<T, decltype(g)::value><<<blocks(s, Vec<T>::kN), kThreads, 0, st>>>(
-        s.rows, s.W, typed<T>(a), typed<T>(b), typed<T>(dy), typed<T>(da), typed<T>(db), typed<T>(y));
+        s.rows, s.W, typed<T>(a), typed<T>(b), typed<T>(dy), typed<T>(da), typed<T>(db), typed<T>(y), dots);
     return cudaGetLastError();
   });
 }

@@ -81,7 +81,7 @@ Status swiglu_backward(const SwigluParams& p, cudaStream_t stream) {
   const int64_t H = s.W;
   return detail::cuda_status(kOp, act::backward(s, columns(p.x, 0, 2 * H), columns(p.x, H, 2 * H), columns(p.dy, 0, H),
                                                 columns(p.dx, 0, 2 * H), columns(p.dx, H, 2 * H),
-                                                columns(p.y, 0, H), stream));
+                                                columns(p.y, 0, H), act::HeadDots{}, stream));
 }
 
 }  // namespace tpf

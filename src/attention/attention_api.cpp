@@ -173,7 +173,7 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
        {"mask", p.mask.data}, {"out", p.out.data},
        {"out_residual", p.compensate ? p.out_residual.data : nullptr}, {"lse", p.lse.data},
        {"dout", p.dout.data}, {"dq", p.dq.data}, {"dk", p.dk.data}, {"dv", p.dv.data},
-       {"dbias", p.dbias.data}, {"workspace", workspace}}));
+       {"dbias", p.dbias.data}, {"delta", p.delta.data}, {"workspace", workspace}}));
 
   attn::BwdArgs a;
   a.q = bshnd(p.q);
@@ -194,7 +194,8 @@ Status attention_backward(const AttentionBackwardParams& p, void* workspace,
   a.scale = static_cast<float>(scale);
   auto* ws = static_cast<char*>(workspace);
   a.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
-  a.delta = reinterpret_cast<float*>(ws + w.delta);
+  a.delta_given = p.delta.present();
+  a.delta = a.delta_given ? static_cast<float*>(p.delta.data) : reinterpret_cast<float*>(ws + w.delta);
   a.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   a.dq_turn = reinterpret_cast<int*>(ws + w.turn);
   a.dbias_part = p.dbias.present() ? reinterpret_cast<float*>(ws + w.dbias_part) : nullptr;

@@ -45,7 +45,8 @@ struct BwdArgs {
   float scale = 0;
   // Workspace (see attention_api.cpp for the layout).
   float* dq_acc = nullptr;      // [chains][B,S,H,N,D] fp32, ordered sums over each chain's key tiles
-  float* delta = nullptr;       // [B,S,H,N] Dlt = <dO, O (+ R)>
+  float* delta = nullptr;       // [B,S,H,N] Dlt = <dO, O (+ R)>: the caller's (delta_given) or the workspace's
+  bool delta_given = false;
   float* lse_log2 = nullptr;    // [B,S,H,N] LSE * log2(e), so P = exp2(s * log2(e) - lse_log2)
   int* dq_turn = nullptr;       // [chains][B,H,slice groups,query tiles] whose key tile adds next
   int dq_chains = 1;            // key tile kb adds in chain kb % dq_chains, at place kb / dq_chains

@@ -37,11 +37,16 @@ struct SliceRow {
 };
 
 // Dlt[row] = <dO[row], O[row] (+ R[row])> in fp32, summed over the row's lanes by a fixed
-// shuffle tree; also the LSE in log2 units for the backward's exp2.
+// shuffle tree (the sigmoid gate's backward sums in this order where it gives Dlt: delta_given);
+// also the LSE in log2 units for the backward's exp2.
 template <class T, int D>
 __global__ void __launch_bounds__(kRowBlockThreads) delta_kernel(const BwdArgs a) {
   const SliceRow<D> w(a.dims);
   const bool in = w.valid(a.dims);  // lanes past N stay for the shuffle below, loading nothing
+  if (a.delta_given) {
+    if (in && w.c == 0) a.lse_log2[w.row] = a.lse[w.row] * 1.4426950408889634f;
+    return;
+  }
   const int off = 8 * w.c;
   uint4 ov = make_uint4(0, 0, 0, 0), dv = ov, rv = ov;
   if (in) {

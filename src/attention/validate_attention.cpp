@@ -69,11 +69,12 @@ Status check_inputs(const Checker& c, const TensorView& q, const TensorView& k,
   return Status::Ok();
 }
 
-Status check_lse(const Checker& c, const TensorView& lse, const Shape& s) {
-  TPF_RETURN_IF_ERROR(c.shape("lse", lse, {{"B", s.B}, {"S", s.S}, {"H", s.H}, {"N", s.N}}));
-  TPF_RETURN_IF_ERROR(c.dtype("lse", lse, {DType::kFP32}));
-  TPF_RETURN_IF_ERROR(c.writable("lse", lse));
-  return c.contiguous("lse", lse);
+// A contiguous fp32 [B,S,H,N] row statistic (lse written by the forward, delta an input).
+Status check_bshn(const Checker& c, const char* arg, const TensorView& t, const Shape& s, bool output) {
+  TPF_RETURN_IF_ERROR(c.shape(arg, t, {{"B", s.B}, {"S", s.S}, {"H", s.H}, {"N", s.N}}));
+  TPF_RETURN_IF_ERROR(c.dtype(arg, t, {DType::kFP32}));
+  if (output) TPF_RETURN_IF_ERROR(c.writable(arg, t));
+  return c.contiguous(arg, t);
 }
 
 }  // namespace
@@ -95,7 +96,7 @@ Status validate_attention_forward(const AttentionForwardParams& p, bool for_gpu)
     TPF_RETURN_IF_ERROR(
         check_bshnd(c, "out_residual", p.out_residual, s, p.q.dtype, for_gpu, true));
   }
-  if (for_gpu || p.lse.present()) TPF_RETURN_IF_ERROR(check_lse(c, p.lse, s));
+  if (for_gpu || p.lse.present()) TPF_RETURN_IF_ERROR(check_bshn(c, "lse", p.lse, s, true));
   return Status::Ok();
 }
 
@@ -112,7 +113,7 @@ Status validate_attention_backward(const AttentionBackwardParams& p, bool for_gp
                                     "to run without it)");
     TPF_RETURN_IF_ERROR(check_bshnd(c, "out_residual", p.out_residual, s, p.q.dtype, for_gpu));
   }
-  if (for_gpu) TPF_RETURN_IF_ERROR(check_lse(c, p.lse, s));
+  if (for_gpu) TPF_RETURN_IF_ERROR(check_bshn(c, "lse", p.lse, s, true));
   TPF_RETURN_IF_ERROR(check_bshnd(c, "dout", p.dout, s, p.q.dtype, for_gpu));
   TPF_RETURN_IF_ERROR(check_bshnd(c, "dq", p.dq, s, p.q.dtype, for_gpu, true));
   TPF_RETURN_IF_ERROR(check_bshnd(c, "dk", p.dk, s, p.q.dtype, for_gpu, true));
@@ -123,7 +124,7 @@ Status validate_attention_backward(const AttentionBackwardParams& p, bool for_gp
     TPF_RETURN_IF_ERROR(c.dtype("dbias", p.dbias, {p.bias.dtype}));
     TPF_RETURN_IF_ERROR(c.writable("dbias", p.dbias));
   }
-  return Status::Ok();
+  return p.delta.present() ? check_bshn(c, "delta", p.delta, s, false) : Status::Ok();
 }
 
 }  // namespace tpf

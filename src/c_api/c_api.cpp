@@ -71,7 +71,7 @@ tpf::LayerNormBackwardParams layer_norm_backward_params(const tpf_layer_norm_arg
 tpf::SwigluParams swiglu_params(const tpf_swiglu_args& a) { return {view(a.x), view(a.y), view(a.dy), view(a.dx)}; }
 
 tpf::SigmoidGateParams sigmoid_gate_params(const tpf_sigmoid_gate_args& a) {
-  return {view(a.g), view(a.o), view(a.y), view(a.dy), view(a.dg), view(a.d_o)};
+  return {view(a.g), view(a.o), view(a.y), view(a.dy), view(a.dg), view(a.d_o), view(a.out_residual), view(a.delta)};
 }
 
 tpf::ResidualParams residual_params(const tpf_residual_args& a) {
@@ -133,6 +133,7 @@ const tpf_abi_field kAbiFields[] = {
     TPF_ROW_(tpf_sigmoid_gate_args, g, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, o, "tensor")
     TPF_ROW_(tpf_sigmoid_gate_args, y, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, dy, "tensor")
     TPF_ROW_(tpf_sigmoid_gate_args, dg, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, d_o, "tensor")
+    TPF_ROW_(tpf_sigmoid_gate_args, out_residual, "tensor") TPF_ROW_(tpf_sigmoid_gate_args, delta, "tensor")
     {"tpf_residual_args", "", "struct", 0, sizeof(tpf_residual_args)},
     TPF_ROW_(tpf_residual_args, z, "tensor") TPF_ROW_(tpf_residual_args, u, "tensor")
     TPF_ROW_(tpf_residual_args, scale, "tensor") TPF_ROW_(tpf_residual_args, out, "tensor")

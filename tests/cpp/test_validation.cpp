@@ -114,6 +114,8 @@ const Case kCases[] = {
     {"GpuBiasDtype", Entry::kGpuFwd, ATTN_FWD(f.bias.dtype = DType::kFP16), "bias", "bfloat16 or float32", StatusCode::kInvalidType},
     {"BwdDoutShape", Entry::kRefBwd, ATTN_BWD(b.dout.shape[2] = 1), "dout", "H=2"},
     {"BwdDbiasDtype", Entry::kRefBwd, ATTN_BWD(b.dbias.dtype = DType::kFP32), "dbias", "float64", StatusCode::kInvalidType},
+    {"GpuBwdDeltaShape", Entry::kGpuBwd, ATTN_BWD(b.delta = b.lse; b.delta.shape[2] = 1), "delta", "H=2"},
+    {"GpuBwdDeltaContiguous", Entry::kGpuBwd, ATTN_BWD(b.delta = b.lse; b.delta.stride[2] = 7), "delta", "contiguous"},
     {"BwdDqDtype", Entry::kRefBwd, ATTN_BWD(b.dq.dtype = DType::kFP16), "dq", "expected dtype", StatusCode::kInvalidType},
     {"GpuBwdWorkspaceTooSmall", Entry::kGpuBwd, ATTN_BWD((void)b), "workspace", "bytes",
      StatusCode::kWorkspaceTooSmall},

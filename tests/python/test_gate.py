@@ -79,3 +79,110 @@ def test_kernels_keep_nans_in_place():
     assert torch.isnan(dg[3, 5].float()) and torch.isnan(dg[9, 1].float())
     assert torch.isnan(dg.float()).sum() == 2
     assert torch.isnan(d_o[3, 5].float()) and torch.isnan(d_o.float()).sum() == 1
+
+
+def _ending_delta(B, I, J, H, dtype=torch.float32, device="cpu"):
+    """The [B, I, J, H] view of a poisoned [B, S=J, H, N=I] Dlt, as the ending node's layer
+    passes it to the gate."""
+    delta = torch.full((B, J, H, I), float("nan"), dtype=dtype, device=device)
+    return delta.permute(0, 3, 1, 2)
+
+
+def _delta_fp64(d_o, o, res, B, I, J, H):
+    full = o.double() + (0 if res is None else res.double())
+    return (d_o.double() * full).view(B, I, J, H, -1).sum(-1)
+
+
+def test_pytorch_path_gives_each_heads_delta():
+    gen = torch.Generator().manual_seed(3)
+    B, I, J, H, D = 1, 3, 5, 2, 4
+    g, o, res, dy = (
+        torch.randn(B * I * J, H * D, generator=gen, dtype=torch.float64) for _ in range(4)
+    )
+    view = _ending_delta(B, I, J, H, dtype=torch.float64)
+    _, d_o, _ = _gate.backward(g, o, dy, res=res, delta=view)
+    assert torch.allclose(view, _delta_fp64(d_o, o, res, B, I, J, H), rtol=1e-12)
+
+
+@requires_gpu
+@pytest.mark.parametrize(
+    "N,H,D,with_res", [(1, 4, 32, True), (7, 4, 32, False), (100, 2, 16, True), (333, 4, 32, True)]
+)
+def test_kernel_delta_matches_fp64(N, H, D, with_res):
+    """Each head's Dlt from the gate's kernel against FP64 on the same bf16 values, written
+    through the ending node's strides into a poisoned tensor, a NaN kept to its own head."""
+    gen = torch.Generator(device="cuda").manual_seed(N + D)
+    B, R, W = 1, N * N, H * D
+
+    def rnd():
+        return torch.randn(R, W, generator=gen, device="cuda").to(torch.bfloat16)
+
+    g, o, dy = rnd(), rnd(), rnd()
+    o[R - 1, D + 1] = float("nan")  # the last row's second head
+    res = (rnd() * 2.0**-9).to(torch.bfloat16) if with_res else None
+    view = _ending_delta(B, N, N, H, device="cuda")
+    _, d_o, _ = _gate.backward(g, o, dy, res=res, delta=view)
+    want = _delta_fp64(d_o, o, res, B, N, N, H)
+    got = view.double()
+    nan = torch.zeros_like(got, dtype=torch.bool)
+    nan[0, N - 1, N - 1, 1] = True
+    assert torch.equal(torch.isnan(got), nan)  # every other element written, and finite
+    # a recursive fp32 sum of D products (o + res rounded once): at most D roundings a term
+    terms = (d_o.double() * (o.double() + (0 if res is None else res.double()))).abs()
+    bound = D * 2.0**-24 * terms.view(B, N, N, H, D).sum(-1)
+    assert ((got - want).abs()[~nan] <= bound[~nan]).all()
+
+
+@requires_gpu
+@pytest.mark.parametrize(
+    "N,D,starting", [(7, 32, True), (100, 16, False), (136, 32, True), (136, 32, False)]
+)
+def test_attention_backward_reads_the_gates_delta_bit_for_bit(N, D, starting):
+    """The attention layer's backward takes Dlt from the gate's kernel; the attention's
+    gradients must be the ones it computes with its own Dlt, bit for bit (one-pass D = 16 and
+    N = 7, 100; the two-pass kernels at N = 136)."""
+    from turbopairformer import attention
+    from turbopairformer._attention_layer import _slice_order
+
+    gen = torch.Generator(device="cuda").manual_seed(N * D + starting)
+    B, H = 1, 4
+    to, _ = _slice_order(starting)
+
+    def layer(scale=1.0):  # [B, I, J, H, D] in the layer's row order
+        return (torch.randn(B, N, N, H, D, generator=gen, device="cuda") * scale).to(torch.bfloat16)
+
+    q, k, v = layer(), layer(), layer()
+    bias = torch.randn(B, 1, H, N, N, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = torch.rand(B, N, 1, 1, N, generator=gen, device="cuda") > 0.2
+    mask[:, 0] = False  # a fully masked slice
+    out, res = layer(), layer()
+    lse = torch.empty(B, N, H, N, device="cuda")
+    scale = D**-0.5
+    attention.forward_into(
+        *(t.permute(to) for t in (q, k, v)),
+        bias,
+        mask,
+        scale,
+        True,
+        out.permute(to),
+        res.permute(to),
+        lse,
+    )
+    R, W = B * N * N, H * D
+    g = torch.randn(R, W, generator=gen, device="cuda").to(torch.bfloat16)
+    dy = torch.randn(R, W, generator=gen, device="cuda").to(torch.bfloat16)
+    delta = torch.full((B, N, H, N), float("nan"), device="cuda")
+    view = delta.permute((0, 1, 3, 2) if starting else (0, 3, 1, 2))
+    _, d_o, _ = _gate.backward(g, out.view(R, W), dy, res=res.view(R, W), delta=view)
+    grads = []
+    for given in (None, delta):
+        dq, dk, dv = (torch.full_like(q, float("nan")).permute(to) for _ in range(3))
+        dbias = torch.full_like(bias, float("nan"))
+        attention.backward_into(
+            d_o.view(q.shape).permute(to), *(t.permute(to) for t in (q, k, v)), bias, mask,
+            out.permute(to), res.permute(to), lse, scale, True, dq, dk, dv, dbias, given,
+        )  # fmt: skip
+        grads.append((dq, dk, dv, dbias))
+    for own, read in zip(*grads):
+        assert not torch.isnan(own.float()).any()
+        assert torch.equal(own, read)
