@@ -12,8 +12,9 @@ OpenFold3's block in plain PyTorch (turbopairformer.reference) and, when importa
 wired to cuEquivariance's kernels as OpenFold3 wires them (fp32 weights), and with bf16 weights
 (its Hopper multiplicative-update kernels), and with trifast's attention kernel; all load the
 same weights. Each step sets the parameters' gradients to None as an optimizer's zero_grad does
-(over a list, not nn.Module.zero_grad's walk of the module tree). Measures: median CUDA-event time, peak extra memory, the relative error over valid pairs against an fp32 run of
-the plain-PyTorch block (same weights, no autocast), and whether two backward passes give
+(over a list, not nn.Module.zero_grad's walk of the module tree). Measures: median CUDA-event
+time, peak extra memory, the relative error over valid pairs against an fp32 run of the
+plain-PyTorch block (same weights, no autocast), and whether two backward passes give
 bitwise-identical parameter gradients (dropout off for that check). The pair track column times
 the block's pair stack alone (both multiplicative updates, both triangle attentions, the pair
 transition: the Pairformer issue's "pair-track block") with the z part of the loss, in the same
