@@ -133,15 +133,20 @@ __device__ void dq_warp(const BwdArgs& a, uint32_t base, const TpBlock& blk, int
   }
 }
 
-// dS^T (this thread's P (dP - Dlt) fragments) into p1::kDs as 16-bit pairs.
+// dS^T (the warp's P (dP - Dlt) fragments, keys warp_key0 .. + 15) into p1::kDs as 16-bit values,
+// by stmatrix: each x4 stores query columns 8 i .. 8 i + 15 of both 8-key rows, matrix m = lane / 8
+// addressed by its lanes (keys + 8 (m % 2), queries + 8 (m / 2)); a matrix row is one 16-byte
+// chunk of the swizzled layout, so 8 stores replace 32 four-byte ones and their address math.
 template <class T>
-__device__ __forceinline__ void store_ds(uint8_t* smem, const float (&dsT)[16][4], int key0, int t) {
+__device__ __forceinline__ void store_ds(uint32_t base, const float (&dsT)[16][4], int warp_key0, int lane) {
+  const int m = lane / 8, key = warp_key0 + 8 * (m % 2) + lane % 8;
+  using Mma = dev::MmaOp<T>;
 #pragma unroll
-  for (int i = 0; i < 16; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<uint32_t*>(smem + ds_at(key0 + 8 * r, 8 * i + 2 * t)) =
-          dev::MmaOp<T>::pack(dsT[i][2 * r], dsT[i][2 * r + 1]);
+  for (int i = 0; i < 16; i += 2) {
+    const uint32_t r[4] = {Mma::pack(dsT[i][0], dsT[i][1]), Mma::pack(dsT[i][2], dsT[i][3]),
+                           Mma::pack(dsT[i + 1][0], dsT[i + 1][1]), Mma::pack(dsT[i + 1][2], dsT[i + 1][3])};
+    dev::stmatrix_x4(base + ds_at(key, 8 * (i + m / 2)), r);
+  }
 }
 
 // Query half wg of the dQ part, dS (64 queries x 128 keys) K (128 keys x D) on m64n32k16 (A: dS
@@ -195,7 +200,7 @@ __device__ void math1(const BwdArgs& a, uint8_t* smem, uint32_t base, const TpRi
     // dV += P^T dO, dK += dS^T Q (wgmma, Q and dO MN-major: a k16 step of queries is + 64)
     gradient_products<T, kTpD, 128, true>(dk, dv, sT, dpT, StepTiles<T>{}, dev::wgmma_desc_rows32(base + at.q),
                                            dev::wgmma_desc_rows32(base + at.o), lane);
-    store_ds<T>(smem, dpT, 64 * wg + krow[0], t);
+    store_ds<T>(base, dpT, 64 * wg + 16 * w, lane);
     dev::wgmma_wait<0>();
     dev::wgmma_fence_operands(reinterpret_cast<float(&)[kTpD / 2]>(dk));
     dev::wgmma_fence_operands(reinterpret_cast<float(&)[kTpD / 2]>(dv));

@@ -146,7 +146,9 @@ __device__ __forceinline__ void tp_probabilities(float (&sT)[16][4], float (&dpT
       const int r = e / 2;
       const float2 pair = dev::pair_to_float2<T>(bp[2 * (i % 2) + r]);
       const float x = fmaf(fmaf(sT[i][e], scale, e & 1 ? pair.y : pair.x), kLog2e, -(e & 1 ? l.y : l.x));
-      const float p = attend[r] ? dev::exp2_approx(x) : 0.f;
+      // a masked key's exponent is -inf (2^-inf = +0): one select before the exponential, where
+      // choosing between the exponential and 0 had the compiler zero all 64 results first
+      const float p = dev::exp2_approx(attend[r] ? x : -INFINITY);
       sT[i][e] = p;
       dpT[i][e] = p * (dpT[i][e] - (e & 1 ? d.y : d.x));
     }
